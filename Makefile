@@ -1,0 +1,38 @@
+# The two commands for a fresh machine: `make setup`, then `make test`.
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+ARCH ?= gfx942
+# torch is pinned to the CPU build 2.13.0 that ships as a local wheel on the build hosts;
+# a looser pin would download a multi-GB GPU build.
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: setup test test-fast build wheel lint clean
+
+setup: $(BIN)/mono-aot
+
+$(BIN)/mono-aot: pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH (or make PYTHON=...)" >&2; exit 2; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH_PIN)"
+	$(BIN)/python -m pip install --quiet -e ".[build,dev]" "$(TORCH_PIN)"
+	@touch $@
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+build: setup
+	$(BIN)/mono-aot build --arch $(ARCH)
+
+wheel: setup
+	$(BIN)/python -m pip wheel --no-deps --no-build-isolation -w artifacts/dist . 2>/dev/null || \
+	  $(BIN)/python -m pip wheel --no-deps -w artifacts/dist .
+
+lint: setup
+	$(BIN)/python -m ruff check mono_aot tests
+	$(BIN)/python -m ruff format --check mono_aot tests
+
+clean:
+	rm -rf $(VENV) artifacts/* .pytest_cache build dist *.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,72 @@
+"""What mono-aot knows about each supported GPU target, in one table.
+
+To support another arch, add an ``ArchInfo`` here (the ELF flags, the fp8 format its
+``v_cvt_*_fp8`` instructions read, the per-CU limits), give it a CTA count in the layout
+specs that should target it, and make the kernels' arch-dependent choices cover it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ArchInfo:
+    name: str
+    products: tuple[str, ...]
+    e_flags: int  # ELF e_flags of FlyDSL's code objects (xnack/sramecc "any")
+    fp8_format: str  # what v_cvt_pk_f32_fp8 reads on this arch
+    fp8_max: float
+    lds_bytes_per_cu: int
+    vgprs_per_simd: int  # per lane, shared by the waves resident on one SIMD
+    simds_per_cu: int
+    sgprs_per_wave: int
+    max_threads_per_workgroup: int
+    wavefront_size: int
+
+
+ARCHS: dict[str, ArchInfo] = {
+    "gfx942": ArchInfo(
+        name="gfx942",
+        products=("MI300X", "MI325X"),
+        e_flags=0x54C,
+        fp8_format="e4m3fnuz",
+        fp8_max=240.0,
+        lds_bytes_per_cu=64 * 1024,
+        vgprs_per_simd=512,
+        simds_per_cu=4,
+        sgprs_per_wave=102,
+        max_threads_per_workgroup=1024,
+        wavefront_size=64,
+    ),
+    "gfx950": ArchInfo(
+        name="gfx950",
+        products=("MI350X", "MI355X"),
+        e_flags=0x54F,
+        fp8_format="e4m3fn",
+        fp8_max=448.0,
+        lds_bytes_per_cu=160 * 1024,
+        vgprs_per_simd=512,
+        simds_per_cu=4,
+        sgprs_per_wave=102,
+        max_threads_per_workgroup=1024,
+        wavefront_size=64,
+    ),
+}
+
+SUPPORTED_ARCHS: tuple[str, ...] = tuple(sorted(ARCHS))
+
+
+def arch_info(name: str) -> ArchInfo:
+    """The arch's facts; ``KeyError`` names the supported set."""
+    try:
+        return ARCHS[name]
+    except KeyError:
+        raise KeyError(
+            f"unsupported arch {name!r}; supported: {', '.join(SUPPORTED_ARCHS)}"
+        ) from None
+
+
+def base_arch(gcn_arch_name: str) -> str:
+    """``gfx942:sramecc+:xnack-`` (HIP's gcnArchName) -> ``gfx942``."""
+    return gcn_arch_name.split(":", 1)[0].strip()

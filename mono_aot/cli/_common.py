@@ -1,0 +1,45 @@
+"""What every subcommand shares: JSON output and the error-to-exit-code mapping."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from mono_aot.errors import EXIT_BAD_INPUT, EXIT_FAILED, MonoError
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+
+
+def emit_json(doc: Any) -> None:
+    click.echo(json.dumps(doc, indent=2, sort_keys=True, default=str))
+
+
+def fail(message: str, code: int = EXIT_FAILED) -> None:
+    """Print ``mono-aot: message`` on stderr and exit with ``code``."""
+    click.echo(f"mono-aot: {message}", err=True)
+    sys.exit(code)
+
+
+def run_main(group: click.Group, argv: list[str] | None) -> int:
+    """Run ``group``; MonoError becomes its exit code and a message, never a traceback."""
+    try:
+        group.main(args=argv, prog_name="mono-aot", standalone_mode=False)
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except click.exceptions.Abort:
+        click.echo("mono-aot: aborted", err=True)
+        return EXIT_FAILED
+    except click.ClickException as e:
+        e.show()
+        return EXIT_BAD_INPUT if isinstance(e, click.UsageError) else e.exit_code
+    except MonoError as e:
+        for line in str(e).splitlines() or [type(e).__name__]:
+            click.echo(f"mono-aot: {line}", err=True)
+        return e.exit_code
+    except KeyboardInterrupt:
+        click.echo("mono-aot: interrupted", err=True)
+        return 130
+    return 0
