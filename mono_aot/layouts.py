@@ -85,7 +85,11 @@ class Layout(_Strict):
     """One served model geometry. Construct through ``load_layout``/``parse_layout``."""
 
     model_config = ConfigDict(
-        extra="forbid", strict=True, frozen=True, allow_inf_nan=False, ignored_types=(cached_property,)
+        extra="forbid",
+        strict=True,
+        frozen=True,
+        allow_inf_nan=False,
+        ignored_types=(cached_property,),
     )
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -195,7 +199,9 @@ class Layout(_Strict):
             return self.targets[arch].ctas
         except KeyError:
             raise LayoutError(
-                [f"layout {self.name}: targets: does not target {arch} (it targets {', '.join(self.archs)})"]
+                [
+                    f"layout {self.name}: targets: does not target {arch} (it targets {', '.join(self.archs)})"
+                ]
             ) from None
 
     # ---- canonical form ----
@@ -241,9 +247,12 @@ def _rule_problems(lay: Layout) -> Iterable[tuple[str, str]]:
         if width % tp:
             yield field, f"{width} must divide evenly over tp={tp}"
         elif (width // tp) % VECTOR_BYTES or width % VECTOR_BYTES:
-            yield field, (
-                f"{width} (and its per-rank slice {width // tp}) must be a multiple of the "
-                f"{VECTOR_BYTES}-byte vector width"
+            yield (
+                field,
+                (
+                    f"{width} (and its per-rank slice {width // tp}) must be a multiple of the "
+                    f"{VECTOR_BYTES}-byte vector width"
+                ),
             )
     if (m.heads // max(tp, 1) * m.head_dim) % VECTOR_BYTES:
         yield "model.head_dim", f"q rows per rank must be a multiple of {VECTOR_BYTES}"
@@ -252,9 +261,12 @@ def _rule_problems(lay: Layout) -> Iterable[tuple[str, str]]:
     if s.chunk_reqs > s.max_reqs:
         yield "serving.chunk_reqs", f"{s.chunk_reqs} must not exceed max_reqs={s.max_reqs}"
     if s.chunk_reqs * s.qpr > MAX_LAUNCH_TOKENS:
-        yield "serving.chunk_reqs", (
-            f"the largest launch, chunk_reqs x qpr = {s.chunk_reqs * s.qpr} tokens, exceeds the "
-            f"kernels' limit of {MAX_LAUNCH_TOKENS}"
+        yield (
+            "serving.chunk_reqs",
+            (
+                f"the largest launch, chunk_reqs x qpr = {s.chunk_reqs * s.qpr} tokens, exceeds the "
+                f"kernels' limit of {MAX_LAUNCH_TOKENS}"
+            ),
         )
     if k.threads % WAVE:
         yield "kernel.threads", f"{k.threads} must be a multiple of the {WAVE}-lane wavefront"
@@ -262,9 +274,12 @@ def _rule_problems(lay: Layout) -> Iterable[tuple[str, str]]:
         yield "kernel.threads", f"{k.threads} exceeds the hardware limit of {MAX_THREADS}"
     for arch in sorted(lay.targets):
         if arch not in SUPPORTED_ARCHS:
-            yield f"targets.{arch}", (
-                f"unknown arch; supported: {', '.join(SUPPORTED_ARCHS)} "
-                "(a new one is added in mono_aot/arch.py)"
+            yield (
+                f"targets.{arch}",
+                (
+                    f"unknown arch; supported: {', '.join(SUPPORTED_ARCHS)} "
+                    "(a new one is added in mono_aot/arch.py)"
+                ),
             )
 
 
@@ -277,7 +292,9 @@ def _format_validation_error(err: ValidationError, source: str) -> list[str]:
         loc = ".".join(str(p) for p in e["loc"])
         msg = e["msg"]
         if not loc and msg.startswith("Value error, "):
-            lines += [f"{source}: {line}" for line in msg.removeprefix("Value error, ").splitlines()]
+            lines += [
+                f"{source}: {line}" for line in msg.removeprefix("Value error, ").splitlines()
+            ]
             continue
         if e["type"] == "extra_forbidden":
             msg = "unknown key"

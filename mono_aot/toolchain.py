@@ -167,4 +167,3 @@ def prepare_rocm_dir(linker: Linker, root: Path) -> Path:
 
 def _sh_quote(s: str) -> str:
     return "'" + s.replace("'", "'\"'\"'") + "'"
-

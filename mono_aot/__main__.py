@@ -1,0 +1,3 @@
+from mono_aot.cli import main
+
+main()

@@ -1,0 +1,143 @@
+"""``mono-aot doctor``: what this machine has for building and serving, and how to fix gaps."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import platform
+import sys
+
+import click
+
+from mono_aot import __version__
+from mono_aot.cli._common import emit_json, json_option
+from mono_aot.errors import EXIT_FAILED, ToolchainError
+from mono_aot.paths import (
+    PACK_ENTRY_POINT_GROUP,
+    extra_store_roots,
+    is_writable_dir,
+    user_cache_root,
+)
+from mono_aot.toolchain import HOW_TO_GET_A_LINKER, discover
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def collect() -> dict:
+    """Everything doctor reports, as data (the text view and --json share it)."""
+    missing: list[dict[str, str]] = []
+    torch_v = _version("torch")
+    if torch_v is None:
+        missing.append({"what": "torch", "fix": "pip install torch"})
+    flydsl_v = _version("flydsl")
+    if flydsl_v is None:
+        missing.append(
+            {
+                "what": "flydsl (needed to build, not to serve)",
+                "fix": "pip install 'mono-aot[build]'",
+            }
+        )
+    for dist in ("msgpack", "pyelftools"):
+        if _version(dist) is None:
+            missing.append(
+                {"what": f"{dist} (needed to build)", "fix": "pip install 'mono-aot[build]'"}
+            )
+
+    try:
+        found = discover()
+        linker = found.linker
+        skipped = found.skipped
+    except ToolchainError as e:
+        linker, skipped = None, [str(e)]
+    if linker is None:
+        missing.append({"what": "ld.lld >= 19 (needed to build)", "fix": HOW_TO_GET_A_LINKER})
+
+    stores = [
+        {
+            "layer": "MONO_AOT_PATH",
+            "root": str(p),
+            "exists": p.is_dir(),
+            "writable": is_writable_dir(p),
+        }
+        for p in extra_store_roots()
+    ]
+    cache = user_cache_root()
+    stores.append(
+        {
+            "layer": "user cache",
+            "root": str(cache),
+            "exists": cache.is_dir(),
+            "writable": is_writable_dir(cache),
+        }
+    )
+    if not stores[-1]["writable"]:
+        missing.append(
+            {
+                "what": f"a writable user cache ({cache})",
+                "fix": "set MONO_AOT_CACHE_DIR to a writable folder",
+            }
+        )
+    packs = [
+        {"name": ep.name, "value": ep.value, "dist": ep.dist.name if ep.dist else None}
+        for ep in md.entry_points(group=PACK_ENTRY_POINT_GROUP)
+    ]
+    return {
+        "mono_aot": __version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "torch": torch_v,
+        "flydsl": flydsl_v,
+        "linker": None
+        if linker is None
+        else {
+            "source": linker.source,
+            "version": linker.version,
+            "binary": str(linker.binary),
+            "sha256": linker.sha256,
+        },
+        "linker_skipped": skipped,
+        "stores": stores,
+        "packs": packs,
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("MONO_AOT_")},
+        "missing": missing,
+    }
+
+
+@click.command()
+@json_option
+@click.option(
+    "--build", "for_build", is_flag=True, help="Exit 1 unless everything a build needs is present."
+)
+def doctor(as_json: bool, for_build: bool) -> None:
+    """Versions, linker, store locations and what is missing (with the command that fixes it)."""
+    doc = collect()
+    if as_json:
+        emit_json(doc)
+    else:
+        click.echo(f"mono-aot {doc['mono_aot']}  python {doc['python']}  {doc['platform']}")
+        click.echo(f"torch   {doc['torch'] or 'missing'}")
+        click.echo(f"flydsl  {doc['flydsl'] or 'missing'}")
+        ln = doc["linker"]
+        if ln:
+            click.echo(f"linker  {ln['version']}  ({ln['source']}: {ln['binary']})")
+        else:
+            click.echo("linker  missing")
+        for s in doc["linker_skipped"]:
+            click.echo(f"        skipped {s}")
+        for s in doc["stores"]:
+            state = "writable" if s["writable"] else "read-only"
+            exists = "" if s["exists"] else " (not created yet)"
+            click.echo(f"store   {s['layer']}: {s['root']}  {state}{exists}")
+        for p in doc["packs"]:
+            click.echo(f"pack    {p['name']} = {p['value']} ({p['dist']})")
+        for m in doc["missing"]:
+            click.echo(f"missing {m['what']}: {m['fix']}")
+        if not doc["missing"]:
+            click.echo("nothing missing")
+    if for_build and doc["missing"]:
+        sys.exit(EXIT_FAILED)
