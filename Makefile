@@ -26,8 +26,7 @@ build: setup
 	$(BIN)/mono-aot build --arch $(ARCH)
 
 wheel: setup
-	$(BIN)/python -m pip wheel --no-deps --no-build-isolation -w artifacts/dist . 2>/dev/null || \
-	  $(BIN)/python -m pip wheel --no-deps -w artifacts/dist .
+	$(BIN)/python -m pip wheel --quiet --no-deps -w artifacts/dist .
 
 lint: setup
 	$(BIN)/python -m ruff check mono_aot tests
