@@ -1,0 +1,7 @@
+"""What the build parent and its worker subprocess agree on (file names, protocol version)."""
+
+WORKER_PROTOCOL = 1
+RESULT_FILE = "result.json"
+CODE_FILE = "code.hsaco"
+ISA_FILE = "isa.s"
+EXIT_PYTHON_ERROR = 3  # the worker caught an exception and described it in result.json
