@@ -23,6 +23,10 @@ class ArchInfo:
     sgprs_per_wave: int
     max_threads_per_workgroup: int
     wavefront_size: int
+    # VGPRs are allocated per wave in blocks of this many; on gfx90a and later the AGPRs share
+    # the same 512-entry file, and the code object's .vgpr_count is already the unified total
+    # (arch VGPRs aligned to 4, plus AGPRs).
+    vgpr_alloc_granule: int = 8
 
 
 ARCHS: dict[str, ArchInfo] = {
