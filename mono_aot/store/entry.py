@@ -6,9 +6,11 @@ An entry is small JSON, parsed with pydantic and versioned; nothing in it ever b
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 ENTRY_SCHEMA_VERSION = 1
 HEX64 = r"^[0-9a-f]{64}$"
@@ -82,3 +84,98 @@ class Entry(_Doc):
     resources: Resources
     elf: ElfInfo
     provenance: Provenance
+
+
+# --- The file format -------------------------------------------------------------------------
+# An entry file is the canonical JSON (indent 2, sorted keys, ASCII) of an envelope:
+#   {"entry": {...}, "entry_sha256": "<sha256 of the compact canonical entry>",
+#    "format": "mono-aot.entry", "schema_version": 1}
+# Reading demands the exact canonical bytes and a matching digest, so any edit or truncation of
+# the file, even one that still parses, is caught: a person can read and diff it, nobody can
+# change it unnoticed.
+
+ENTRY_FORMAT = "mono-aot.entry"
+
+
+class EntryCorrupt(Exception):
+    """The file is not an intact entry document; ``str()`` says why."""
+
+
+class EntryUnknownSchema(Exception):
+    """The entry has a schema version this mono-aot does not read (written by another version)."""
+
+    def __init__(self, version: object) -> None:
+        self.version = version
+        super().__init__(
+            f"entry schema version {version!r}; this mono-aot reads version {ENTRY_SCHEMA_VERSION}"
+        )
+
+
+def _compact(doc: Any) -> bytes:
+    return json.dumps(
+        doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    ).encode()
+
+
+def _pretty(doc: Any) -> bytes:
+    return (
+        json.dumps(doc, sort_keys=True, indent=2, ensure_ascii=True, allow_nan=False) + "\n"
+    ).encode()
+
+
+def encode_entry(entry: Entry) -> bytes:
+    """The exact bytes of ``entry``'s file: deterministic, so re-publishing is comparable."""
+    doc = entry.model_dump(mode="json")
+    return _pretty(
+        {
+            "entry": doc,
+            "entry_sha256": hashlib.sha256(_compact(doc)).hexdigest(),
+            "format": ENTRY_FORMAT,
+            "schema_version": ENTRY_SCHEMA_VERSION,
+        }
+    )
+
+
+def decode_entry(raw: bytes, key: str) -> Entry:
+    """Parse an entry file filed under ``key``; raise EntryCorrupt or EntryUnknownSchema.
+
+    The schema version is looked at before anything else, so an entry of another version is
+    never half-read.
+    """
+    try:
+        env = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise EntryCorrupt(f"not valid JSON ({len(raw)} bytes; truncated or damaged?): {e}") from None
+    if not isinstance(env, dict) or env.get("format") != ENTRY_FORMAT:
+        raise EntryCorrupt(f"not a mono-aot entry document (no \"format\": \"{ENTRY_FORMAT}\")")
+    version = env.get("schema_version")
+    if type(version) is not int:
+        raise EntryCorrupt(f"schema_version is {version!r}, not an integer")
+    if version != ENTRY_SCHEMA_VERSION:
+        raise EntryUnknownSchema(version)
+    if set(env) != {"entry", "entry_sha256", "format", "schema_version"}:
+        raise EntryCorrupt(f"unexpected envelope fields {sorted(env)}")
+    try:
+        canonical = _pretty(env)
+    except ValueError as e:  # NaN or infinity
+        raise EntryCorrupt(f"not canonical JSON: {e}") from None
+    if canonical != raw:
+        raise EntryCorrupt("not in canonical form (the file was edited)")
+    doc = env["entry"]
+    if not isinstance(doc, dict):
+        raise EntryCorrupt("\"entry\" is not an object")
+    digest = hashlib.sha256(_compact(doc)).hexdigest()
+    if env["entry_sha256"] != digest:
+        raise EntryCorrupt(
+            f"entry digest mismatch: file says {str(env['entry_sha256'])[:16]}..., "
+            f"content hashes to {digest[:16]}... (the file was edited or damaged)"
+        )
+    try:
+        entry = Entry.model_validate(doc)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "entry"
+        raise EntryCorrupt(f"invalid entry field {where}: {first['msg']}") from None
+    if entry.key != key:
+        raise EntryCorrupt(f"filed under key {key} but its key is {entry.key}")
+    return entry
