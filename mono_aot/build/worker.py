@@ -131,7 +131,7 @@ def _isa(out: Path) -> None:
     dump = Path(os.environ["FLYDSL_DUMP_DIR"])
     found = sorted(dump.rglob("*.s"))
     if not found:
-        raise WorkerFailure(f"FlyDSL wrote no ISA dump (*.s) under FLYDSL_DUMP_DIR")
+        raise WorkerFailure("FlyDSL wrote no ISA dump (*.s) under FLYDSL_DUMP_DIR")
     (out / ISA_FILE).write_text("\n".join(p.read_text(errors="replace") for p in found))
 
 

@@ -8,6 +8,7 @@ import click
 
 from mono_aot import __version__
 from mono_aot.cli._common import run_main
+from mono_aot.cli.build import build
 from mono_aot.cli.cache import cache
 from mono_aot.cli.doctor import doctor
 from mono_aot.cli.layouts import layouts
@@ -20,6 +21,7 @@ def cli() -> None:
 
 
 cli.add_command(layouts)
+cli.add_command(build)
 cli.add_command(doctor)
 cli.add_command(cache)
 

@@ -1,0 +1,220 @@
+"""Run a build plan: compile each miss in its own subprocess, check it, publish it.
+
+Jobs run on a thread pool of ``-j`` threads, each thread waiting on its own worker subprocess.
+Publishing goes through ``Store.get_or_build``, whose per-key lock makes concurrent builds of one
+store (threads or processes) compile each key once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from mono_aot import __version__
+from mono_aot.build.checks import Expectation, Violation, check
+from mono_aot.build.compile import DEFAULT_TIMEOUT_S, CompileError, CompileResult, compile_kernel
+from mono_aot.build.plan import Job, Toolchain, contract_kernargs, stale_reason
+from mono_aot.errors import MonoError
+from mono_aot.keys import Provider
+from mono_aot.store import Entry, Store
+from mono_aot.store.entry import BlobRef, ElfInfo, KernargSlot, Launch, Provenance, Resources
+
+HIT, BUILT, REBUILT, FAILED = "hit", "built", "rebuilt", "failed"
+
+
+class CheckFailed(MonoError):
+    """The code object broke a publish rule; nothing was published."""
+
+    def __init__(self, violations: list[Violation]) -> None:
+        self.violations = violations
+        super().__init__("; ".join(str(v) for v in violations))
+
+
+@dataclass
+class JobResult:
+    job: Job
+    status: str  # hit, built, rebuilt, failed
+    seconds: float = 0.0
+    compiled: bool = False  # this process ran a compile for the job
+    reason: str = ""  # failure message, or why an entry was stale
+    violations: list[Violation] = field(default_factory=list)
+    blob_sha256: str | None = None
+    layer: str | None = None
+    entry: Entry | None = field(default=None, repr=False)
+
+    def line(self) -> str:
+        name = self.job.name
+        if self.status == HIT:
+            return f"hit      {name}  {self.job.key[:12]}"
+        if self.status in (BUILT, REBUILT):
+            extra = f" (stale: {self.reason})" if self.status == REBUILT else ""
+            return f"{self.status:<8} {name}  {self.job.key[:12]}  in {self.seconds:.1f} s{extra}"
+        return f"failed   {name}: {self.reason}"
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            **self.job.as_json(),
+            "status": self.status,
+            "seconds": round(self.seconds, 3),
+            "compiled": self.compiled,
+            "reason": self.reason or None,
+            "violations": [v.as_json() for v in self.violations],
+            "blob_sha256": self.blob_sha256,
+            "layer": self.layer,
+        }
+
+
+def make_entry(
+    job: Job, res: CompileResult, kernargs: Sequence[tuple[str, int, int]], toolchain: Toolchain
+) -> Entry:
+    """The entry document for a checked compile result (every field from the code object)."""
+    assert res.metadata is not None
+    meta = res.metadata
+    k = meta.kernels[0]
+    return Entry(
+        key=job.key,
+        variant=job.variant,
+        arch=job.arch,
+        layout=job.layout.name,
+        lookup_inputs=job.lookup_inputs,
+        build_inputs=job.build_inputs,
+        blob=BlobRef(sha256=hashlib.sha256(res.code_object).hexdigest(), size=len(res.code_object)),
+        symbol=k.name,
+        launch=Launch(grid=job.layout.ctas(job.arch), block=job.layout.kernel.threads, dynamic_lds=0),
+        kernarg_segment_size=k.kernarg_segment_size,
+        kernargs=[
+            KernargSlot(name=name, offset=a.offset, size=a.size, value_kind=a.value_kind)
+            for (name, _, _), a in zip(kernargs, k.args, strict=True)
+        ],
+        resources=Resources(
+            vgpr=k.vgpr,
+            agpr=k.agpr,
+            sgpr=k.sgpr,
+            lds=k.lds,
+            scratch=k.scratch,
+            vgpr_spill=k.vgpr_spill,
+            sgpr_spill=k.sgpr_spill,
+            wavefront_size=k.wavefront_size,
+            max_flat_workgroup_size=k.max_flat_workgroup_size,
+            code_bytes=meta.text_bytes,
+        ),
+        elf=ElfInfo(machine=meta.machine, osabi=meta.osabi, abi_version=meta.abi_version, e_flags=meta.e_flags),
+        provenance=Provenance(
+            mono_aot_version=__version__,
+            flydsl_version=str(res.worker.get("flydsl_version", toolchain.flydsl_version)),
+            linker_version=toolchain.linker.version,
+            built_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            build_seconds=round(res.seconds, 3),
+        ),
+    )
+
+
+def compile_and_check(
+    job: Job,
+    provider: Provider,
+    toolchain: Toolchain,
+    work_dir: Path,
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> tuple[Entry, bytes]:
+    """Compile ``job`` and return its entry and blob, or raise CompileError / CheckFailed."""
+    res = compile_kernel(
+        provider, job.variant, job.layout, job.arch, work_dir, linker=toolchain.linker, timeout=timeout
+    )
+    assert res.metadata is not None
+    kernargs = contract_kernargs(provider, job.layout, res.worker)
+    exp = Expectation(
+        kernel=f"{res.worker.get('kernel_function')}_0",
+        arch=job.arch,
+        ctas=job.layout.ctas(job.arch),
+        threads=job.layout.kernel.threads,
+        kernargs=kernargs,
+    )
+    bad = check(exp, res.code_object, res.metadata, res.stderr, res.worker.get("launches", []))
+    if bad:
+        raise CheckFailed(bad)
+    return make_entry(job, res, kernargs, toolchain), res.code_object
+
+
+def run_jobs(
+    jobs: Sequence[Job],
+    store: Store,
+    provider: Provider,
+    toolchain: Toolchain,
+    *,
+    parallel: int,
+    force: bool = False,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    on_result: Callable[[JobResult], None] | None = None,
+) -> list[JobResult]:
+    """Build every job (at most ``parallel`` compiles at once); results in plan order."""
+    lock = threading.Lock()
+
+    def one(job: Job) -> JobResult:
+        try:
+            res = _run_one(job, store, provider, toolchain, force=force, timeout=timeout)
+        except Exception as e:  # noqa: BLE001 - one job's failure never stops the others
+            res = JobResult(job, FAILED, reason=f"{type(e).__name__}: {e}")
+        if on_result is not None:
+            with lock:
+                on_result(res)
+        return res
+
+    with ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="mono-aot-build") as ex:
+        return list(ex.map(one, jobs))
+
+
+def _run_one(
+    job: Job, store: Store, provider: Provider, toolchain: Toolchain, *, force: bool, timeout: float
+) -> JobResult:
+    before = store.lookup(job.key)
+    if before is not None and not force and before.entry.build_inputs == job.build_inputs:
+        return JobResult(job, HIT, blob_sha256=before.entry.blob.sha256, layer=before.layer.label,
+                         entry=before.entry)
+    stale = ""
+    if before is not None and before.entry.build_inputs != job.build_inputs:
+        stale = stale_reason(before.entry.build_inputs, job.build_inputs)
+    seen = before.entry if before is not None else None
+
+    def accept(e: Entry) -> bool:
+        if e.build_inputs != job.build_inputs:
+            return False
+        return not (force and seen is not None and e == seen)  # --force: not the one we saw
+
+    compiled: list[float] = []
+
+    def build() -> tuple[Entry, bytes]:
+        with tempfile.TemporaryDirectory(prefix="mono-aot-build-") as tmp:
+            try:
+                entry, data = compile_and_check(job, provider, toolchain, Path(tmp), timeout=timeout)
+            finally:
+                compiled.append(1.0)
+        return entry, data
+
+    try:
+        hit, built = store.get_or_build(job.key, build, accept=accept)
+    except CheckFailed as e:
+        return JobResult(job, FAILED, compiled=True, reason=str(e), violations=e.violations)
+    except CompileError as e:
+        return JobResult(job, FAILED, seconds=e.seconds, compiled=bool(compiled), reason=str(e))
+    if not built:  # another builder published it while we waited for the key's lock
+        return JobResult(job, HIT, blob_sha256=hit.entry.blob.sha256, layer=hit.layer.label,
+                         entry=hit.entry)
+    status = REBUILT if (stale or (force and seen is not None)) else BUILT
+    return JobResult(
+        job,
+        status,
+        seconds=hit.entry.provenance.build_seconds,
+        compiled=True,
+        reason=stale or ("--force" if status == REBUILT else ""),
+        blob_sha256=hit.entry.blob.sha256,
+        layer=hit.layer.label,
+        entry=hit.entry,
+    )
