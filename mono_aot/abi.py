@@ -121,10 +121,21 @@ def attn_splits(layout: Layout, max_context: int = 1 << 17) -> int:
     return -(-max_context // ATTN_PARTITION)
 
 
+def attn_partial_slots(layout: Layout, variant: Variant) -> int:
+    """Partial-result slots the attention split needs (mono_aot.kernels.attention).
+
+    A launch's partition length is at least ceil(total context / CTAs), so its requests split
+    into at most CTAs + requests partitions; the largest CTA count over the layout's targets
+    sizes the buffer for every arch.
+    """
+    return max(t.ctas for t in layout.targets.values()) + layout.variant_reqs(variant)[1]
+
+
 def scratch_plan(layout: Layout, variant: Variant) -> BufferPlan:
     """The per-launch scratch buffer: every region holds the variant's most tokens."""
     t = layout.variant_tokens(variant)
     h = layout.model.hidden
+    rows = layout.serving.qpr * layout.q_heads_per_rank  # query rows of one request
     return _plan(
         [
             ("barrier", REGION_ALIGN),  # grid barrier: arrive counter, generation
@@ -133,6 +144,10 @@ def scratch_plan(layout: Layout, variant: Variant) -> BufferPlan:
             ("qkv", t * layout.qkv_rows_per_rank * 4),  # fp32 projection output
             ("attn", t * layout.q_rows_per_rank * 2),  # bf16 attention output (o input)
             ("act", t * layout.mlp_per_rank * 2),  # bf16 SwiGLU output (down input)
+            # attention split partials: per slot, every query row's unnormalised fp32 output
+            # and its (running max, sum) pair, merged by the combine phase
+            ("attn_part", attn_partial_slots(layout, variant) * rows * layout.model.head_dim * 4),
+            ("attn_ml", attn_partial_slots(layout, variant) * rows * 8),
         ]
     )
 
