@@ -74,6 +74,47 @@ STATUS_OK = 0
 STATUS_PEER_TIMEOUT = 1
 STATUS_BARRIER_TIMEOUT = 2
 STATUS_BAD_BLOCK = 3  # a block-table entry outside [0, T_NBLK)
+STATUS_NAMES = {
+    STATUS_OK: "ok",
+    STATUS_PEER_TIMEOUT: "timed out waiting for a peer rank's all-reduce partial",
+    STATUS_BARRIER_TIMEOUT: "timed out in a grid barrier (a workgroup did not arrive)",
+    STATUS_BAD_BLOCK: "a block-table entry outside the layer's KV cache",
+}
+
+# H_WHAT = layer * 16 + one of these: the phase that ran (or whose barrier was waited on)
+# when the failure was recorded. 8 and 9 are the attention phases' own codes.
+PH_EMBED = 0  # input embeddings -> residual, first norm
+PH_QKV = 1  # fused qkv projection
+PH_PREP = 2  # q/k norms, rotary, K/V cache write (attention prep)
+PH_PARTIAL = 3  # split attention
+PH_COMBINE = 4  # attention combine
+PH_O = 5  # o projection + push to the peers (attention all-reduce)
+PH_AR_ATTN = 6  # attention all-reduce receive + residual + post-attention norm
+PH_GU = 7  # gate/up projection + SwiGLU
+PH_KV_WRITE = 8  # (attention.py) a bad slot in the K/V cache write
+PH_ATTENTION = 9  # (attention.py) a bad block in the attention read
+PH_DOWN = 10  # down projection + push to the peers (MLP all-reduce)
+PH_AR_MLP = 11  # MLP all-reduce receive + residual + next norm
+PH_FINAL = 12  # final norm -> out
+PHASE_NAMES = {
+    PH_EMBED: "embed", PH_QKV: "qkv", PH_PREP: "attention prep", PH_PARTIAL: "attention",
+    PH_COMBINE: "attention combine", PH_O: "o projection", PH_AR_ATTN: "attention all-reduce",
+    PH_GU: "gate/up", PH_KV_WRITE: "K/V cache write", PH_ATTENTION: "attention read",
+    PH_DOWN: "down projection", PH_AR_MLP: "MLP all-reduce", PH_FINAL: "final norm",
+}  # fmt: skip
+
+
+def describe_health(words: list[int] | tuple[int, ...]) -> str:
+    """A health word quadruple as one sentence (what the runner raises)."""
+    status, what, peer, step = (int(w) for w in words[:HEALTH_WORDS])
+    if status == STATUS_OK:
+        return "ok"
+    reason = STATUS_NAMES.get(status, f"unknown status {status}")
+    layer, phase = divmod(what, 16)
+    where = f"layer {layer}, {PHASE_NAMES.get(phase, f'phase {phase}')}"
+    extra = {STATUS_PEER_TIMEOUT: f"rank {peer}", STATUS_BARRIER_TIMEOUT: f"generation {peer}"}
+    detail = extra.get(status, f"block {peer}")
+    return f"{reason} ({where}, {detail}, step {step})"
 
 REGION_ALIGN = 256
 
@@ -131,6 +172,27 @@ def attn_partial_slots(layout: Layout, variant: Variant) -> int:
     return max(t.ctas for t in layout.targets.values()) + layout.variant_reqs(variant)[1]
 
 
+# Scratch "sync" region: two parity halves (by the scratch's own launch counter; a launch
+# zeroes the other half, so a launch that aborted leaves nothing behind) of SYNC_HALF bytes,
+# each holding the grid barrier's arrive counter, its generation and the launch's abort word on
+# separate 128-byte lines, then the launch counter.
+SYNC_LINE = 128
+SYNC_COUNT = 0
+SYNC_GEN = SYNC_LINE
+SYNC_ABORT = 2 * SYNC_LINE
+SYNC_HALF = 4 * SYNC_LINE
+SYNC_LAUNCHES = 2 * SYNC_HALF
+SYNC_BYTES = SYNC_LAUNCHES + SYNC_LINE
+# Per-token sums of squares for the RMSNorms, as int64 fixed point (order-independent atomic
+# adds: bit-identical on every rank and run).
+SS_SCALE = float(1 << 24)
+
+
+def ss_slots(layout: Layout) -> int:
+    """Norm sums per launch: before attention and before the MLP of every layer, and final."""
+    return 2 * layout.model.layers + 1
+
+
 def scratch_plan(layout: Layout, variant: Variant) -> BufferPlan:
     """The per-launch scratch buffer: every region holds the variant's most tokens."""
     t = layout.variant_tokens(variant)
@@ -138,9 +200,10 @@ def scratch_plan(layout: Layout, variant: Variant) -> BufferPlan:
     rows = layout.serving.qpr * layout.q_heads_per_rank  # query rows of one request
     return _plan(
         [
-            ("barrier", REGION_ALIGN),  # grid barrier: arrive counter, generation
+            ("sync", SYNC_BYTES),  # grid barrier, abort word, launch counter
+            ("ss", 2 * ss_slots(layout) * t * 8),  # int64 [2 parities][slots][tokens]
             ("x", t * h * 4),  # fp32 residual stream
-            ("h", t * h * 2),  # bf16 normed activations (GEMV input)
+            ("h", t * h * 2),  # bf16 x * (1 + w): GEMV input, normalised in its epilogue
             ("qkv", t * layout.qkv_rows_per_rank * 4),  # fp32 projection output
             ("attn", t * layout.q_rows_per_rank * 2),  # bf16 attention output (o input)
             ("act", t * layout.mlp_per_rank * 2),  # bf16 SwiGLU output (down input)
@@ -152,12 +215,38 @@ def scratch_plan(layout: Layout, variant: Variant) -> BufferPlan:
     )
 
 
-def peer_plan(layout: Layout) -> BufferPlan:
-    """Each rank's mailbox buffer: (value, epoch tag) fp32+u32 pairs per element.
+# Launches one step may hold (the epoch is step * EPOCH_SEQS + launch number in the step).
+EPOCH_SEQS = 64
+AR_KINDS = ("attn", "mlp")
+HDR_BYTES = 256  # peer-buffer header: int32 [last step seen, launches in that step]
 
-    Two regions (attention and MLP all-reduce) x two parities (layer % 2, so no rank overwrites
-    a peer's unread data) x one slot per source rank x the largest launch's tokens x hidden.
+
+def mbox_rows(layout: Layout) -> int:
+    """Row stride of a mailbox block: the most hidden rows one workgroup owns in the balanced
+    split over the layout's targets, rounded up to whole 16-byte vectors of bf16."""
+    h = layout.model.hidden
+    return align_up(max(-(-h // t.ctas) for t in layout.targets.values()), 8)
+
+
+def mbox_tokens(layout: Layout) -> int:
+    """Token capacity of one mailbox block: the largest launch of any variant."""
+    return max(layout.variant_tokens(v) for v in layout.variants())
+
+
+def peer_plan(layout: Layout) -> BufferPlan:
+    """Each rank's peer (all-reduce mailbox) buffer, the same for both variants.
+
+    For each all-reduce kind (attention, MLP) x parity (layer % 2, so no rank overwrites a
+    peer's unread data): flags int32 [ctas][tp] (the epoch tag a source rank's workgroup wrote
+    after its block) and blocks bf16 [tp source][ctas][tokens][rows]: workgroup c's rows of the
+    row-parallel partial for every token, contiguous (16-byte stores over the peer link).
     """
-    t = max(layout.variant_tokens(v) for v in layout.variants())
-    pairs = layout.parallel.tp * t * layout.model.hidden
-    return _plan([(f"{r}{p}", pairs * 8) for r in ("attn", "mlp") for p in (0, 1)])
+    tp = layout.parallel.tp
+    ctas = max(t.ctas for t in layout.targets.values())
+    block = mbox_tokens(layout) * mbox_rows(layout) * 2
+    items: list[tuple[str, int]] = [("hdr", HDR_BYTES)]
+    for k in AR_KINDS:
+        for p in (0, 1):
+            items.append((f"flags_{k}{p}", ctas * tp * 4))
+            items.append((f"mbox_{k}{p}", tp * ctas * block))
+    return _plan(items)

@@ -1,0 +1,181 @@
+"""The device-side context every phase of the drafter kernels receives, and small helpers.
+
+Imported only inside kernel tracing (it imports FlyDSL). A phase is a ``@flyc.jit`` function
+called from the kernel body: FlyDSL inlines it, so its arguments are ordinary Python objects
+-- DSL values (``Int32``/``Int64``/``Float32``/pointers), Python ints known at compile time, and
+the ``KernelCtx`` below that carries both. See the interface notes for the calling convention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import flydsl.expr as fx
+from flydsl._mlir.dialects import llvm
+from flydsl.expr.typing import T
+
+from mono_aot import abi
+from mono_aot.arch import arch_info
+from mono_aot.layouts import Layout
+
+GLOBAL = fx.AddressSpace.Global
+SHARED = fx.AddressSpace.Shared
+WAVE = 64
+AGENT = "agent"  # LLVM AMDGPU sync scope of one GPU
+SYSTEM = None  # LLVM's default (system) scope: every GPU and the host
+
+
+def _width_bytes(dtype: Any) -> int:
+    return max(1, dtype.width // 8)
+
+
+def gptr(dtype: Any, addr: Any, align: int | None = None) -> Any:
+    """A typed global pointer at byte address ``addr`` (Int64); ``align`` defaults to the
+    element size. Declare 16 to get ``global_load_dwordx4`` for 16-byte vectors."""
+    return fx.inttoptr(fx.Pointer[dtype, GLOBAL, align or _width_bytes(dtype)].ir_type, addr)
+
+
+def i64(v: Any) -> Any:
+    return fx.Int64(v)
+
+
+def now() -> Any:
+    """``s_memrealtime``: the constant 100 MHz clock (Int64 ticks)."""
+    return fx.Int64(llvm.call_intrinsic(T.i64, "llvm.amdgcn.s.memrealtime", [], [], []))
+
+
+def uniform(v: Any) -> Any:
+    """An Int32 that is the same in every lane, moved to a scalar register."""
+    return fx.Int32(fx.rocdl.readfirstlane(T.i32, fx.Int32(v).ir_value()))
+
+
+def bf16_lo(word: Any) -> Any:
+    """Low bf16 of a packed 32-bit word as f32 (exact)."""
+    return (fx.Int32(word) << 16).bitcast(fx.Float32)
+
+
+def bf16_hi(word: Any) -> Any:
+    """High bf16 of a packed 32-bit word as f32 (exact)."""
+    return (fx.Int32(word) & fx.Int32(-65536)).bitcast(fx.Float32)
+
+
+def bf16_pack(a: Any, b: Any) -> Any:
+    """Two f32 -> one Int32 word (bf16(a) low, bf16(b) high), round to nearest even."""
+    v = fx.Vector.from_elements([fx.Float32(a), fx.Float32(b)], fx.Float32).to(fx.BFloat16)
+    return v.bitcast(fx.Int32)[0]
+
+
+def fp8x4_to_f32(word: Any) -> list[Any]:
+    """Four fp8 codes of one Int32 word -> four f32, by ``v_cvt_pk_f32_fp8`` (the arch's
+    format: e4m3fnuz on gfx942, e4m3fn on gfx950)."""
+    lo = fx.Vector(fx.rocdl.cvt_pk_f32_fp8(T.vec(2, T.f32), fx.Int32(word), False))
+    hi = fx.Vector(fx.rocdl.cvt_pk_f32_fp8(T.vec(2, T.f32), fx.Int32(word), True))
+    return [lo[0], lo[1], hi[0], hi[1]]
+
+
+def fp8x4_to_f32x2(word: Any) -> tuple[Any, Any]:
+    """Like ``fp8x4_to_f32`` but as two ``vector<2xf32>`` (codes 0,1 and 2,3), the operand
+    form packed fp32 math (``v_pk_fma_f32``) takes."""
+    lo = fx.Vector(fx.rocdl.cvt_pk_f32_fp8(T.vec(2, T.f32), fx.Int32(word), False))
+    hi = fx.Vector(fx.rocdl.cvt_pk_f32_fp8(T.vec(2, T.f32), fx.Int32(word), True))
+    return lo, hi
+
+
+@dataclass(frozen=True)
+class RowSplit:
+    """Output rows of one phase split across workgroups: workgroup ``c`` owns rows
+    ``[c * per, min((c + 1) * per, rows))`` (``per = ceil(rows / nwg)``; the last workgroups
+    may own fewer or none). Compile-time; ``begin``/``count`` give the runtime values."""
+
+    rows: int
+    nwg: int
+
+    @property
+    def per(self) -> int:
+        return -(-self.rows // self.nwg)
+
+    def begin(self, bid: Any) -> Any:
+        return fx.Int32(bid) * self.per
+
+    def count(self, bid: Any) -> Any:
+        """Rows the workgroup owns, clamped to ``[0, per]``."""
+        left = fx.Int32(self.rows) - self.begin(bid)
+        return fx.arith.max(fx.arith.min(left, fx.Int32(self.per)), fx.Int32(0))
+
+
+@dataclass
+class KernelCtx:
+    """What every phase receives (built once at the top of the kernel body).
+
+    Compile-time (Python): ``lay`` (the Layout), ``arch``, ``variant``, ``nwg`` (workgroups =
+    the layout's CTA count), ``threads``, ``waves``, ``n_max`` (the variant's most tokens),
+    ``scratch``/``peer`` (``abi`` BufferPlans: byte offsets of named regions), ``lds_bytes``
+    (the shared arena's size), ``wait_ticks``, ``fp8_max``.
+
+    Runtime (DSL): ``bid``, ``tid``, ``lane``, ``wave`` (Int32), ``rank``, ``n`` (tokens of this
+    launch), ``n_req`` (= n / qpr), ``bt_stride`` (Int32), every contract address by its
+    ``abi.kernel_args`` name as Int64 (``x``, ``out``, ``tab``, ``qkv_w`` ... ``health``), ``pe``
+    (list of the peers' mailbox addresses, index = rank), ``epoch`` (Int32 tag of this launch),
+    ``lds`` (a ``Pointer[Uint8, Shared, 16]`` to the arena).
+    """
+
+    lay: Layout
+    arch: str
+    variant: str
+    nwg: int
+    threads: int
+    n_max: int
+    scratch: abi.BufferPlan
+    peer: abi.BufferPlan
+    lds_bytes: int
+    wait_ticks: int
+    addr: dict[str, Any] = field(default_factory=dict)
+    rt: dict[str, Any] = field(default_factory=dict)
+
+    # ---- attribute access to runtime values and addresses ----
+    def __getattr__(self, name: str) -> Any:
+        d = self.__dict__
+        if name in d.get("rt", {}):
+            return d["rt"][name]
+        if name in d.get("addr", {}):
+            return d["addr"][name]
+        raise AttributeError(name)
+
+    @property
+    def waves(self) -> int:
+        return self.threads // WAVE
+
+    @property
+    def fp8_max(self) -> float:
+        return arch_info(self.arch).fp8_max
+
+    @property
+    def pe(self) -> list[Any]:
+        return [self.addr[f"pe{r}"] for r in range(self.lay.parallel.tp)]
+
+    # ---- addresses ----
+    def scr(self, region: str, byte_off: Any = 0) -> Any:
+        """Int64 address of a scratch region (``abi.scratch_plan``) plus ``byte_off``."""
+        base = self.addr["scratch"] + fx.Int64(self.scratch.offset(region))
+        return base if isinstance(byte_off, int) and byte_off == 0 else base + fx.Int64(byte_off)
+
+    def peer_addr(self, base: Any, region: str, byte_off: Any = 0) -> Any:
+        """Int64 address of a peer-buffer region (``abi.peer_plan``) in the buffer at ``base``."""
+        a = base + fx.Int64(self.peer.offset(region))
+        return a if isinstance(byte_off, int) and byte_off == 0 else a + fx.Int64(byte_off)
+
+    def tab_at(self, layer: Any, slot: int) -> Any:
+        """The Int64 in the pointer table at ``tab[layer, slot]``."""
+        return gptr(fx.Int64, self.addr["tab"] + fx.Int64(layer) * (abi.TABLE_SLOTS * 8) + slot * 8).load()
+
+    def stacked(self, name: str, layer: Any, bytes_per_layer: int) -> Any:
+        """Address of layer ``layer``'s slab of a weight stacked over layers."""
+        return self.addr[name] + fx.Int64(layer) * bytes_per_layer
+
+    def lds_ptr(self, dtype: Any, byte_off: int = 0, align: int | None = None) -> Any:
+        """A typed shared pointer ``byte_off`` bytes into the arena (compile-time offset)."""
+        if byte_off < 0 or byte_off >= self.lds_bytes:
+            raise ValueError(f"LDS offset {byte_off} outside the {self.lds_bytes}-byte arena")
+        p = self.rt["lds"] if byte_off == 0 else self.rt["lds"] + byte_off
+        return fx.recast_iter(fx.Pointer[dtype, SHARED, align or _width_bytes(dtype)].ir_type, p)
