@@ -1,0 +1,329 @@
+"""Random, self-checking draft-step problems: weights, paged caches, inputs, dense context.
+
+What the reference tests, kernel tests and benchmarks feed both implementations. A problem is
+deterministic in its seed and built to expose mistakes:
+
+- Weights are *fp8-exact*: every matrix is ``decode(code) * s`` with one ``+-max`` code in each
+  quantization group (a row, or a row of one rank's slice for o and down) and scales of 16
+  significant bits, so ``pack`` must reproduce the very codes and scales (a wrong row order or
+  group changes them) and the float32 matrices are at once the model and its dequantization.
+- Physical blocks are a random permutation; the block table is a column slice of a wider
+  tensor (``stride(0) != size(1)``), with extra rows, and every entry a request does not need
+  is garbage (out of range, negative, or a block full of NaN codes).
+- Every cache byte that is not a valid pre-step position of some request is a NaN code, so a
+  read past ``seq_lens`` or through the wrong block poisons the output.
+- ``positions``, ``slots`` and ``seq_lens`` carry garbage tails past the launch's rows, as the
+  runner's ``positions[a:]`` views do.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from mono_aot.errors import BadInput
+from mono_aot.fp8 import FP8Format, decode, encode, quantize_dequantize, resolve_format
+from mono_aot.kvcache import encode_kv, fp32_scale
+from mono_aot.layouts import Layout
+from mono_aot.reference.dense import DenseConfig, DenseDrafter, DenseRequest, KVTransform
+from mono_aot.reference.step import StepInputs
+from mono_aot.weights import LayerWeights, RankWeights, pack_model
+
+_ROW_CHUNK_ELEMS = 1 << 22
+
+
+def rope_cache(max_pos: int, rotary_dim: int, base: float = 10000.0) -> torch.Tensor:
+    """vLLM's ``cos_sin`` cache: bf16 ``[max_pos, rotary_dim]``, cos half then sin half."""
+    inv_freq = 1.0 / base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+    freqs = torch.outer(torch.arange(max_pos, dtype=torch.float64), inv_freq)
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(torch.bfloat16)
+
+
+@torch.no_grad()
+def exact_weight(
+    rows: int, cols: int, groups: int, fmt: FP8Format, gen: torch.Generator, gain: float = 1.0
+) -> torch.Tensor:
+    """A float32 ``[rows, cols]`` matrix that per-row absmax fp8 quantization reproduces exactly.
+
+    ``groups`` equal column groups each get their own scale (``tp`` for row-parallel matrices).
+    Codes follow a quantized Gaussian; each (row, group) holds one ``+-max``; scales have 16
+    significant bits so ``decode(code) * s`` is exact in float32. RMS is about
+    ``gain / sqrt(cols)``.
+    """
+    if cols % groups:
+        raise BadInput(f"{cols} columns do not split into {groups} groups")
+    width = cols // groups
+    # 256 equiprobable codes of a Gaussian with sigma = max/3.5
+    u = (torch.arange(256, dtype=torch.float64) + 0.5) / 256
+    table = encode(torch.special.ndtri(u) * (fmt.max / 3.5), fmt, saturate=True)
+    rms = float(decode(table, fmt, torch.float64).square().mean().sqrt())
+    target = (
+        gain
+        / (rms * math.sqrt(cols))
+        * (0.5 + torch.rand(rows, groups, generator=gen, dtype=torch.float64))
+    )
+    mant, ex = torch.frexp(target)
+    scales = torch.ldexp(torch.round(mant * 2.0**16), ex - 16).to(torch.float32)
+    out = torch.empty(rows, cols, dtype=torch.float32)
+    step = max(1, _ROW_CHUNK_ELEMS // cols)
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        idx = torch.randint(0, 256, (r1 - r0, cols), generator=gen, dtype=torch.int32)
+        codes = table.index_select(0, idx.reshape(-1)).reshape(r1 - r0, groups, width)
+        at = torch.randint(0, width, (r1 - r0, groups, 1), generator=gen)
+        sign = torch.randint(0, 2, (r1 - r0, groups, 1), generator=gen, dtype=torch.uint8) << 7
+        codes.scatter_(2, at, sign | fmt.max_code)
+        vals = decode(codes, fmt, torch.float32) * scales[r0:r1, :, None]
+        out[r0:r1] = vals.reshape(r1 - r0, cols)
+    return out
+
+
+def _norm_weight(n: int, gen: torch.Generator, spread: float = 0.2) -> torch.Tensor:
+    return (torch.randn(n, generator=gen, dtype=torch.float64) * spread).to(torch.bfloat16)
+
+
+@torch.no_grad()
+def random_model(
+    layout: Layout, fmt: FP8Format | str, seed: int = 0, exact: bool = True
+) -> tuple[list[LayerWeights], torch.Tensor]:
+    """Random draft-model weights (float32 matrices, bf16 norms, fp32 K/V scales) and final norm.
+
+    ``exact``: fp8-exact matrices (see ``exact_weight``); otherwise plain Gaussian matrices,
+    which packing rounds (compare against ``unshard(pack_model(...))`` then).
+    """
+    f = resolve_format(fmt)
+    gen = torch.Generator().manual_seed(seed)
+    m, tp = layout.model, layout.parallel.tp
+    D = m.head_dim
+
+    def mat(rows: int, cols: int, groups: int, gain: float) -> torch.Tensor:
+        if exact:
+            return exact_weight(rows, cols, groups, f, gen, gain)
+        return torch.randn(rows, cols, generator=gen) * (gain / math.sqrt(cols))
+
+    layers = []
+    for _ in range(m.layers):
+        # normed k has RMS about 1 and tails near 4: put 4 near the format's max
+        ks = float(4.0 / f.max * (0.8 + 0.4 * torch.rand((), generator=gen)))
+        vs = float(4.0 / f.max * (0.8 + 0.4 * torch.rand((), generator=gen)))
+        layers.append(
+            LayerWeights(
+                q=mat(m.heads * D, m.hidden, 1, 1.0),
+                k=mat(m.kv_heads * D, m.hidden, 1, 1.0),
+                v=mat(m.kv_heads * D, m.hidden, 1, 1.0),
+                o=mat(m.hidden, m.heads * D, tp, 0.5),
+                gate=mat(m.mlp, m.hidden, 1, 1.5),
+                up=mat(m.mlp, m.hidden, 1, 1.5),
+                down=mat(m.hidden, m.mlp, tp, 0.5),
+                w_in=_norm_weight(m.hidden, gen),
+                w_post=_norm_weight(m.hidden, gen),
+                w_q=_norm_weight(D, gen),
+                w_k=_norm_weight(D, gen),
+                k_scale=float(torch.tensor(ks, dtype=torch.float32)),
+                v_scale=float(torch.tensor(vs, dtype=torch.float32)),
+            )
+        )
+    return layers, _norm_weight(m.hidden, gen)
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request of a launch.
+
+    ``context``: position of its first draft token (= cached positions before the block).
+    ``written``: per draft token, whether it has a slot (``False``: slot -1); default all.
+    ``seq_len``: positions attended; default ``context + qpr``. Every attended position that
+    the step does not write holds valid pre-step K/V; everything else is NaN codes.
+    """
+
+    context: int
+    written: tuple[bool, ...] | None = None
+    seq_len: int | None = None
+
+
+@dataclass(frozen=True)
+class _Req:
+    context: int
+    written: tuple[bool, ...]
+    seq_len: int
+    blocks: list[int]
+    pre_positions: list[int]  # valid before the step and attended
+
+
+@dataclass
+class Problem:
+    """A launch ready for ``run_tp``/``step_rank`` and for the dense model."""
+
+    layout: Layout
+    fmt: FP8Format
+    layers: list[LayerWeights]
+    final_norm: torch.Tensor
+    ranks: list[RankWeights]
+    inputs: StepInputs
+    requests: list[_Req]
+    context_codes: list[
+        list[torch.Tensor]
+    ]  # [layer][req]: uint8 [len(pre_positions), kv_heads, 2D]
+    num_blocks: int
+    _initial: list[list[torch.Tensor]] = field(repr=False)
+
+    def caches(self) -> list[list[torch.Tensor]]:
+        """Fresh copies of every rank's pre-step caches (``[rank][layer]``)."""
+        return [[c.clone() for c in rank] for rank in self._initial]
+
+    def kv_roundtrip(self) -> KVTransform:
+        """The fp8 store-then-load of K/V, with each layer's scales (for the dense model)."""
+        scales = [(fp32_scale(w.k_scale), fp32_scale(w.v_scale)) for w in self.layers]
+        fmt = self.fmt
+
+        def rt(layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            ks, vs = scales[layer]
+            return quantize_dequantize(k / ks, fmt) * ks, quantize_dequantize(v / vs, fmt) * vs
+
+        return rt
+
+    def dense_requests(self) -> list[DenseRequest]:
+        qpr, D = self.layout.serving.qpr, self.layout.model.head_dim
+        out = []
+        for i, r in enumerate(self.requests):
+            ks = [fp32_scale(w.k_scale) for w in self.layers]
+            vs = [fp32_scale(w.v_scale) for w in self.layers]
+            codes = [self.context_codes[li][i] for li in range(len(self.layers))]
+            visible = torch.tensor(
+                [w and r.context + t < r.seq_len for t, w in enumerate(r.written)], dtype=torch.bool
+            )
+            out.append(
+                DenseRequest(
+                    rows=slice(i * qpr, (i + 1) * qpr),
+                    context_k=[
+                        decode(c[..., :D], self.fmt, torch.float64) * s
+                        for c, s in zip(codes, ks, strict=True)
+                    ],
+                    context_v=[
+                        decode(c[..., D:], self.fmt, torch.float64) * s
+                        for c, s in zip(codes, vs, strict=True)
+                    ],
+                    own_visible=visible,
+                )
+            )
+        return out
+
+    def dense(self, layers: Sequence[LayerWeights] | None = None) -> torch.Tensor:
+        """The dense model's output (float64) for this launch, with the fp8 K/V round trip."""
+        model = DenseDrafter(
+            DenseConfig.from_layout(self.layout), layers or self.layers, self.final_norm
+        )
+        return model.forward(
+            self.inputs.x,
+            self.inputs.positions,
+            self.inputs.cos_sin,
+            self.dense_requests(),
+            self.kv_roundtrip(),
+        )
+
+
+@torch.no_grad()
+def make_problem(
+    layout: Layout,
+    fmt: FP8Format | str,
+    requests: Sequence[RequestSpec],
+    seed: int = 0,
+    model: tuple[list[LayerWeights], torch.Tensor] | None = None,
+    spare_blocks: int = 3,
+) -> Problem:
+    """Build a launch of ``requests`` (see the module doc); ``model`` defaults to ``random_model``."""
+    f = resolve_format(fmt)
+    m, qpr, B = layout.model, layout.serving.qpr, layout.serving.kv_block
+    tp, K, D = layout.parallel.tp, layout.kv_heads_per_rank, m.head_dim
+    if not requests:
+        raise BadInput("a problem needs at least one request")
+    gen = torch.Generator().manual_seed(seed + 1_000_003)
+    layers, final_norm = model if model is not None else random_model(layout, f, seed)
+
+    # ---- requests and their physical blocks ----
+    specs = []
+    for i, r in enumerate(requests):
+        written = tuple(r.written) if r.written is not None else (True,) * qpr
+        if len(written) != qpr:
+            raise BadInput(f"request {i}: written has {len(written)} entries, qpr is {qpr}")
+        seq = r.seq_len if r.seq_len is not None else r.context + qpr
+        if r.context < 0 or seq < 0:
+            raise BadInput(f"request {i}: negative context or seq_len")
+        specs.append((r.context, written, seq))
+    need = [-(-max(seq, ctx + qpr) // B) for ctx, _, seq in specs]
+    total = sum(need) + spare_blocks
+    perm = torch.randperm(total, generator=gen).tolist()
+    spare = perm[sum(need) :]
+    reqs: list[_Req] = []
+    at = 0
+    for (ctx, written, seq), nb in zip(specs, need, strict=True):
+        mine = perm[at : at + nb]
+        at += nb
+        fresh = {ctx + t for t, w in enumerate(written) if w}
+        reqs.append(_Req(ctx, written, seq, mine, [p for p in range(seq) if p not in fresh]))
+
+    nreq = len(reqs)
+    cols = max(need) + 2
+    garbage = torch.tensor([*spare, total + 7, 1 << 30, -3], dtype=torch.int32)
+    wide = garbage[torch.randint(0, len(garbage), (nreq + 2, cols + 3), generator=gen)]
+    bt = wide[:, 1 : 1 + cols]
+    for i, r in enumerate(reqs):
+        bt[i, : len(r.blocks)] = torch.tensor(r.blocks, dtype=torch.int32)
+
+    n = nreq * qpr
+    positions = torch.full((n + 3,), 1 << 40, dtype=torch.int64)
+    slots = torch.full((n + 3,), 0, dtype=torch.int64)
+    for i, r in enumerate(reqs):
+        for t, w in enumerate(r.written):
+            p = r.context + t
+            positions[i * qpr + t] = p
+            slots[i * qpr + t] = r.blocks[p // B] * B + p % B if w else -1
+    seq_lens = torch.tensor([r.seq_len for r in reqs] + [1 << 30, 5], dtype=torch.int32)
+    max_pos = max(r.context + qpr for r in reqs) + 5
+    inputs = StepInputs(
+        x=torch.randn(n, m.hidden, generator=gen).to(torch.bfloat16),
+        positions=positions,
+        slots=slots,
+        block_table=bt,
+        seq_lens=seq_lens,
+        cos_sin=rope_cache(max_pos, m.rotary_dim),
+    )
+
+    # ---- caches: NaN codes everywhere except each request's valid pre-step positions ----
+    caches = [
+        [torch.full((total, K, B, 2 * D), f.nan_code, dtype=torch.uint8) for _ in layers]
+        for _ in range(tp)
+    ]
+    context_codes: list[list[torch.Tensor]] = []
+    for li, w in enumerate(layers):
+        per_req = []
+        for r in reqs:
+            P = len(r.pre_positions)
+            k = torch.randn(P, m.kv_heads, D, generator=gen, dtype=torch.float64)
+            v = torch.randn(P, m.kv_heads, D, generator=gen, dtype=torch.float64)
+            codes = encode_kv(k, v, w.k_scale, w.v_scale, f)
+            per_req.append(codes)
+            pp = torch.tensor(r.pre_positions, dtype=torch.int64)
+            blk = torch.tensor(r.blocks, dtype=torch.int64)[pp // B] if P else pp
+            for rank in range(tp):
+                caches[rank][li][blk, :, pp % B, :] = codes[:, rank * K : (rank + 1) * K, :]
+        context_codes.append(per_req)
+
+    return Problem(
+        layout=layout,
+        fmt=f,
+        layers=layers,
+        final_norm=final_norm,
+        ranks=pack_model(layers, final_norm, layout, f),
+        inputs=inputs,
+        requests=reqs,
+        context_codes=context_codes,
+        num_blocks=total,
+        _initial=caches,
+    )
+
+
+__all__ = ["Problem", "RequestSpec", "exact_weight", "make_problem", "random_model", "rope_cache"]

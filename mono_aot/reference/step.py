@@ -1,0 +1,440 @@
+"""The draft step of one TP rank in torch on the CPU: the oracle every kernel is judged against.
+
+``rank_step`` is one rank's step exactly as DESIGN.md defines it, computed from the same tensors
+the kernels receive (the runner's ``packed`` GEMV tensors, bf16 norm weights, fp32 K/V scales,
+the bf16 ``cos_sin`` cache, the paged uint8 caches, block table, positions, slots, seq_lens).
+It is a generator: at each of a layer's two all-reduces it yields ``(layer, phase, partial)``
+and expects the all-reduced sum back (``send``). ``run_tp`` drives every rank in lockstep and
+exchanges the partials; ``step_rank`` runs one rank against other ranks' partials given up
+front (a single-GPU kernel test can pre-fill the peer mailboxes with the same values).
+
+Per layer (``n`` tokens, request ``i`` owns token rows ``i*qpr..(i+1)*qpr-1``):
+
+1. ``h = norm(x, w_in)``, Gemma RMSNorm ``x * rsqrt(mean(x^2) + eps) * (1 + w)``.
+2. ``qkv = (h @ decode(qkv_w)^T) * qkv_s``; rows: the rank's q heads, K head(s), V head(s).
+3. Gemma norm of each q head (``w_q``) and each K head (``w_k``) over ``head_dim``; NeoX RoPE
+   on the first ``rotary_dim`` dims: ``x1 = x[:r/2]``, ``x2 = x[r/2:r]``, ``out1 = x1*cos -
+   x2*sin``, ``out2 = x2*cos + x1*sin`` with ``cos = cos_sin[pos, :r/2]``, ``sin = cos_sin[pos,
+   r/2:]``; the dims past ``rotary_dim`` pass through. V is neither normed nor rotated.
+4. Cache bytes ``encode(k / k_scale) | encode(v / v_scale)`` (round to nearest even, saturating
+   at +-fp8 max) are written at each token's slot; slot ``-1`` writes nothing (the bytes are
+   still computed and returned).
+5. Attention of every token of request ``i`` over the cached positions ``j < seq_lens[i]`` of
+   request ``i`` (read back through the block table after step 4, dequantized with the scales),
+   non-causal, scale ``1/sqrt(head_dim)``, local q head ``j`` using local KV head ``j //
+   (q_heads_per_rank / kv_heads_per_rank)``. A request with ``seq_lens[i] == 0`` gets zeros.
+   Nothing outside those positions is read (the tests fill everything else with NaN codes).
+6. ``x += allreduce((attn @ decode(o_w)^T) * o_s)``, summed in rank order ``0..tp-1``.
+7. ``h = norm(x, w_post)``; ``[g | u] = (h @ decode(gu_w)^T) * gu_s``; ``gc = min(g, limit)``;
+   ``a = gc * sigmoid(alpha * gc) * (clamp(u, -limit, limit) + 1)``;
+   ``x += allreduce((a @ decode(d_w)^T) * d_s)``.
+
+After the last layer ``out = norm(x, final_norm)``.
+
+Rounding (``numerics``):
+
+- ``"float64"`` (default): every value above is computed and kept in float64; nothing is
+  rounded to bf16 or fp32 anywhere, the output stays float64. The only roundings are the ones
+  the step itself defines: the fp8 weight codes (data), and the fp8 K/V cache (step 4), whose
+  bytes attention reads back (step 5), so this step's own K/V reach attention as
+  ``decode(encode(k / k_scale)) * k_scale``. The inputs ``x`` (bf16), norm weights (bf16) and
+  ``cos_sin`` (bf16) are used exactly as given. This is the mode the dense model is compared
+  with to 1e-10, and the one to judge kernel outputs by (tolerance ~2e-2 relative).
+- ``"kernel"``: the kernels' storage points (DESIGN.md: fp32 math, bf16 storage of
+  activations; ``mono_aot.abi.scratch_plan``). Arithmetic between two storage points is float64
+  (more accurate than any fp32 summation order, so it is the value every correct kernel
+  approximates), and each stored value is rounded to its storage dtype: the residual ``x`` to
+  fp32 (initially ``fp32(bf16 x)``, again after each all-reduce add), ``h`` (both norms) to
+  bf16, ``qkv`` to fp32, q and k after norm+RoPE to fp32, the attention output to bf16, each
+  rank's all-reduce partial to fp32, the SwiGLU output ``a`` to bf16, ``out`` to bf16. The K/V
+  bytes are ``encode(fp32(k_fp32 / fp32 k_scale))``: k (and v) computed, normed/roped and
+  rounded to fp32, then divided by the scale with one correctly rounded fp32 division (the
+  kernel must divide, not multiply by a reciprocal), then encoded with saturation (the kernel
+  must clamp to +-max before its cvt op). The pre-encode values are returned
+  (``kv_prequant``), so a kernel test compares the kernel's bytes exactly wherever
+  ``mono_aot.fp8.boundary_distance(kv_prequant)`` exceeds the accumulated fp32 error; where a
+  value sits closer than that to an fp8 rounding midpoint the two legitimately differ by one
+  code, and no reference can predict which way an fp32 summation order rounds it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from mono_aot.errors import BadInput
+from mono_aot.fp8 import FP8Format, decode, encode, resolve_format
+from mono_aot.kvcache import check_cache, check_slots, fp32_scale, gather_codes
+from mono_aot.layouts import Layout
+from mono_aot.weights import RankWeights, check_rank_weights
+
+Numerics = Literal["float64", "kernel"]
+NUMERICS: tuple[str, ...] = ("float64", "kernel")
+PHASES: tuple[str, ...] = ("attn", "mlp")  # the two all-reduces of a layer, in order
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """One launch's inputs, as the runner passes them to ``_launch``.
+
+    ``x`` (inputs_embeds) ``[n, hidden]`` (bf16 for the kernels); ``positions`` int64 and
+    ``slots`` int64 with at least ``n`` entries (the runner passes tails ``positions[a:]``; only
+    the first ``n`` are read); ``block_table`` int32 ``[>= reqs, max_blocks]``, any strides (a
+    view such as ``bt[r0:]``); ``seq_lens`` int32 with at least ``reqs = n // qpr`` entries;
+    ``cos_sin`` bf16 ``[max_pos, rotary_dim]`` (cos half, then sin half).
+    """
+
+    x: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+    cos_sin: torch.Tensor
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one rank's step produced.
+
+    ``out``: float64 ``[n, hidden]`` (bf16 with ``numerics="kernel"``). ``kv``: uint8
+    ``[layers, n, kv_heads_per_rank, 2*head_dim]``, every token's cache bytes (written where
+    ``written``). ``kv_prequant``: float64, same shape, ``k/k_scale | v/v_scale`` before
+    encoding. ``written``: bool ``[n]``, slot != -1. ``partials``: float64 ``[layers, 2, n,
+    hidden]``, this rank's contribution to each all-reduce (phase 0 attention, 1 MLP).
+    """
+
+    out: torch.Tensor
+    kv: torch.Tensor
+    kv_prequant: torch.Tensor
+    written: torch.Tensor
+    partials: torch.Tensor
+
+
+@dataclass(frozen=True)
+class TPResult:
+    """Every rank's ``StepResult`` and all partials ``[layers, 2, tp, n, hidden]`` (float64)."""
+
+    ranks: list[StepResult]
+    partials: torch.Tensor
+
+    @property
+    def out(self) -> torch.Tensor:
+        """The step's output (identical on every rank)."""
+        return self.ranks[0].out
+
+
+class _Store:
+    """Rounding to a storage dtype, or none (float64 mode)."""
+
+    def __init__(self, numerics: str) -> None:
+        if numerics not in NUMERICS:
+            raise BadInput(f"numerics {numerics!r}: expected one of {', '.join(NUMERICS)}")
+        self.kernel = numerics == "kernel"
+
+    def f32(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(torch.float32).to(torch.float64) if self.kernel else t
+
+    def bf16(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(torch.bfloat16).to(torch.float64) if self.kernel else t
+
+
+def gemma_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x * rsqrt(mean(x^2) + eps) * (1 + w)`` over the last dim, float64."""
+    x = x.to(torch.float64)
+    return (
+        x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + eps) * (1.0 + w.to(torch.float64))
+    )
+
+
+def neox_rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int
+) -> torch.Tensor:
+    """NeoX RoPE of ``x`` ``[n, heads, head_dim]`` on its first ``rotary_dim`` dims.
+
+    ``cos``/``sin``: ``[n, rotary_dim/2]``, one row per token.
+    """
+    half = rotary_dim // 2
+    x1, x2, rest = x[..., :half], x[..., half:rotary_dim], x[..., rotary_dim:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s, rest], dim=-1)
+
+
+def clamped_swiglu(g: torch.Tensor, u: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    gc = torch.clamp(g, max=limit)
+    return gc * torch.sigmoid(alpha * gc) * (torch.clamp(u, -limit, limit) + 1.0)
+
+
+def _gemv(
+    h: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, fmt: FP8Format
+) -> torch.Tensor:
+    """``(h @ decode(codes)^T) * s``: the scale is per output row, applied after the dot product."""
+    return (h @ decode(codes, fmt, torch.float64).T) * scales.to(torch.float64)
+
+
+def _check_int(t: object, what: str, dtype: torch.dtype, dims: int, min_len: int) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise BadInput(f"{what}: expected a {dtype} tensor, got {type(t).__name__}")
+    if t.dtype != dtype or t.dim() != dims:
+        raise BadInput(f"{what}: {t.dtype} with {t.dim()} dims, expected {dtype} with {dims}")
+    if t.shape[0] < min_len:
+        raise BadInput(f"{what}: {t.shape[0]} rows, the launch needs at least {min_len}")
+    return t
+
+
+def _validate(
+    layout: Layout,
+    rank: int,
+    weights: RankWeights,
+    caches: Sequence[torch.Tensor],
+    inputs: StepInputs,
+) -> tuple[int, int]:
+    m, qpr = layout.model, layout.serving.qpr
+    if not 0 <= rank < layout.parallel.tp:
+        raise BadInput(f"rank {rank} is outside 0..{layout.parallel.tp - 1}")
+    x = inputs.x
+    if (
+        not isinstance(x, torch.Tensor)
+        or x.dim() != 2
+        or x.shape[1] != m.hidden
+        or not x.is_floating_point()
+    ):
+        raise BadInput(f"x: expected a float tensor [n, {m.hidden}], got {getattr(x, 'shape', x)}")
+    n = int(x.shape[0])
+    if n == 0 or n % qpr:
+        raise BadInput(f"x: {n} tokens, expected a positive multiple of qpr={qpr}")
+    reqs = n // qpr
+    _check_int(inputs.positions, "positions", torch.int64, 1, n)
+    _check_int(inputs.slots, "slots", torch.int64, 1, n)
+    _check_int(inputs.block_table, "block_table", torch.int32, 2, reqs)
+    _check_int(inputs.seq_lens, "seq_lens", torch.int32, 1, reqs)
+    cs = inputs.cos_sin
+    if (
+        not isinstance(cs, torch.Tensor)
+        or cs.dtype != torch.bfloat16
+        or cs.dim() != 2
+        or cs.shape[1] != m.rotary_dim
+    ):
+        raise BadInput(
+            f"cos_sin: expected torch.bfloat16 [max_pos, {m.rotary_dim}], got "
+            f"{getattr(cs, 'dtype', type(cs).__name__)} {list(getattr(cs, 'shape', []))}"
+        )
+    pos = inputs.positions[:n]
+    if int(pos.min()) < 0 or int(pos.max()) >= cs.shape[0]:
+        raise BadInput(f"positions: must lie in 0..{cs.shape[0] - 1} (the rope cache's rows)")
+    seq = inputs.seq_lens[:reqs]
+    if int(seq.min()) < 0:
+        raise BadInput(f"seq_lens: negative entry {int(seq.min())}")
+    check_rank_weights(weights, layout)
+    if len(caches) != m.layers:
+        raise BadInput(f"caches: {len(caches)} given, the layout has {m.layers} layers")
+    blocks = [check_cache(c, layout, f"caches[{i}]") for i, c in enumerate(caches)]
+    for i, b in enumerate(blocks):
+        if b != blocks[0]:
+            raise BadInput(f"caches[{i}]: {b} blocks, caches[0] has {blocks[0]}")
+    check_slots(inputs.slots[:n], blocks[0], layout.serving.kv_block, "slots")
+    return n, reqs
+
+
+def rank_step(
+    layout: Layout,
+    fmt: FP8Format | str,
+    rank: int,
+    weights: RankWeights,
+    caches: Sequence[torch.Tensor],
+    inputs: StepInputs,
+    numerics: Numerics = "float64",
+) -> Generator[tuple[int, str, torch.Tensor], torch.Tensor, StepResult]:
+    """One rank's draft step (see the module doc); writes the K/V bytes into ``caches`` in place.
+
+    ``fmt``: the fp8 format, its name, or the target arch. Yields ``(layer, phase, partial)``
+    (float64 ``[n, hidden]``) at each all-reduce; send back the sum over all ranks.
+    """
+    f = resolve_format(fmt)
+    st = _Store(numerics)
+    n, reqs = _validate(layout, rank, weights, caches, inputs)
+    m, qpr = layout.model, layout.serving.qpr
+    D, R, eps = m.head_dim, m.rotary_dim, m.norm_eps
+    Q, K = layout.q_heads_per_rank, layout.kv_heads_per_rank
+    G = Q // K
+    qr, kr, mr = layout.q_rows_per_rank, layout.kv_rows_per_rank, layout.mlp_per_rank
+    L = m.layers
+
+    x = st.f32(inputs.x.to(torch.float64))
+    pos = inputs.positions[:n]
+    slots = inputs.slots[:n]
+    cs = inputs.cos_sin.to(torch.float64)[pos]
+    cos, sin = cs[:, : R // 2], cs[:, R // 2 :]
+    seq = [int(s) for s in inputs.seq_lens[:reqs]]
+    written = slots != -1
+    wslots = slots[written]
+    B = layout.serving.kv_block
+    scale = 1.0 / math.sqrt(D)
+
+    kv_all = torch.empty((L, n, K, 2 * D), dtype=torch.uint8)
+    pre_all = torch.empty((L, n, K, 2 * D), dtype=torch.float64)
+    partials = torch.empty((L, 2, n, m.hidden), dtype=torch.float64)
+    for li in range(L):
+        w = weights.layer(li)
+        cache = caches[li]
+        ks, vs = fp32_scale(w["k_scale"]), fp32_scale(w["v_scale"])
+
+        h = st.bf16(gemma_norm(x, w["w_in"], eps))
+        qkv = st.f32(_gemv(h, w["qkv_w"], w["qkv_s"], f))
+        q = qkv[:, :qr].reshape(n, Q, D)
+        k = qkv[:, qr : qr + kr].reshape(n, K, D)
+        v = qkv[:, qr + kr :].reshape(n, K, D)
+        q = st.f32(neox_rope(gemma_norm(q, w["w_q"], eps), cos, sin, R))
+        k = st.f32(neox_rope(gemma_norm(k, w["w_k"], eps), cos, sin, R))
+
+        pre = torch.cat([st.f32(k / ks), st.f32(v / vs)], dim=-1)
+        codes = encode(pre, f, saturate=True)
+        kv_all[li], pre_all[li] = codes, pre
+        cache[wslots // B, :, wslots % B, :] = codes[written]
+
+        attn = torch.zeros((n, Q, D), dtype=torch.float64)
+        for i in range(reqs):
+            if seq[i] == 0:
+                continue
+            c = gather_codes(cache, inputs.block_table, i, seq[i], layout)  # [len, K, 2D]
+            kc = decode(c[..., :D], f, torch.float64) * ks
+            vc = decode(c[..., D:], f, torch.float64) * vs
+            qi = q[i * qpr : (i + 1) * qpr].reshape(qpr, K, G, D)
+            p = torch.softmax(torch.einsum("tkgd,jkd->tkgj", qi, kc) * scale, dim=-1)
+            attn[i * qpr : (i + 1) * qpr] = torch.einsum("tkgj,jkd->tkgd", p, vc).reshape(qpr, Q, D)
+        attn = st.bf16(attn.reshape(n, qr))
+
+        part = st.f32(_gemv(attn, w["o_w"], w["o_s"], f))
+        partials[li, 0] = part
+        total = yield (li, "attn", part)
+        x = st.f32(x + total)
+
+        h = st.bf16(gemma_norm(x, w["w_post"], eps))
+        gu = st.f32(_gemv(h, w["gu_w"], w["gu_s"], f))
+        a = st.bf16(clamped_swiglu(gu[:, :mr], gu[:, mr:], m.swiglu_alpha, m.swiglu_limit))
+        part = st.f32(_gemv(a, w["d_w"], w["d_s"], f))
+        partials[li, 1] = part
+        total = yield (li, "mlp", part)
+        x = st.f32(x + total)
+
+    out = gemma_norm(x, weights.final_norm, eps)
+    if st.kernel:
+        out = out.to(torch.bfloat16)
+    return StepResult(out=out, kv=kv_all, kv_prequant=pre_all, written=written, partials=partials)
+
+
+def allreduce(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The sum of the ranks' partials, added in rank order (the order every rank uses)."""
+    total = parts[0].clone()
+    for p in parts[1:]:
+        total = total + p
+    return total
+
+
+def run_tp(
+    layout: Layout,
+    fmt: FP8Format | str,
+    weights: Sequence[RankWeights],
+    caches: Sequence[Sequence[torch.Tensor]],
+    inputs: StepInputs,
+    numerics: Numerics = "float64",
+) -> TPResult:
+    """Every rank's step in lockstep, exchanging the partials of each all-reduce.
+
+    ``weights[r]``/``caches[r]`` are rank ``r``'s; all ranks share ``inputs`` (as on the GPUs).
+    Each rank's caches are updated in place.
+    """
+    tp = layout.parallel.tp
+    if len(weights) != tp or len(caches) != tp:
+        raise BadInput(
+            f"run_tp needs {tp} ranks' weights and caches, got {len(weights)} and {len(caches)}"
+        )
+    gens = [rank_step(layout, fmt, r, weights[r], caches[r], inputs, numerics) for r in range(tp)]
+    msgs = [next(g) for g in gens]
+    L = layout.model.layers
+    n = inputs.x.shape[0]
+    every = torch.empty((L, 2, tp, n, layout.model.hidden), dtype=torch.float64)
+    results: list[StepResult | None] = [None] * tp
+    while True:
+        tags = {(li, ph) for li, ph, _ in msgs}
+        if len(tags) != 1:  # every rank runs the same code: a mismatch is a bug here
+            raise AssertionError(f"ranks out of step: {sorted(tags)}")
+        li, ph, _ = msgs[0]
+        parts = [p for _, _, p in msgs]
+        every[li, PHASES.index(ph)] = torch.stack(parts)
+        total = allreduce(parts)
+        nxt = []
+        for r, g in enumerate(gens):
+            try:
+                nxt.append(g.send(total))
+            except StopIteration as stop:
+                results[r] = stop.value
+        if len(nxt) == 0:
+            break
+        if len(nxt) != tp:
+            raise AssertionError("some ranks finished before others")
+        msgs = nxt
+    ranks = [r for r in results if r is not None]
+    return TPResult(ranks=ranks, partials=every)
+
+
+def step_rank(
+    layout: Layout,
+    fmt: FP8Format | str,
+    rank: int,
+    weights: RankWeights,
+    caches: Sequence[torch.Tensor],
+    inputs: StepInputs,
+    peer_partials: torch.Tensor,
+    numerics: Numerics = "float64",
+) -> StepResult:
+    """Rank ``rank``'s step alone, with the other ranks' partials given up front.
+
+    ``peer_partials``: ``[layers, 2, tp, n, hidden]`` (``TPResult.partials`` of a run with the
+    same inputs); the rank's own entries are ignored and replaced by what it computes.
+    """
+    L, tp, h = layout.model.layers, layout.parallel.tp, layout.model.hidden
+    n = inputs.x.shape[0]
+    want = (L, 2, tp, n, h)
+    if tuple(peer_partials.shape) != want:
+        raise BadInput(f"peer_partials: shape {list(peer_partials.shape)}, expected {list(want)}")
+    g = rank_step(layout, fmt, rank, weights, caches, inputs, numerics)
+    msg = next(g)
+    while True:
+        li, ph, part = msg
+        parts = [
+            part if r == rank else peer_partials[li, PHASES.index(ph), r].to(torch.float64)
+            for r in range(tp)
+        ]
+        try:
+            msg = g.send(allreduce(parts))
+        except StopIteration as stop:
+            return stop.value
+
+
+def max_rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """``max|got - want| / max|want|`` in float64: the norm the tolerances are stated in."""
+    g, w = got.to(torch.float64), want.to(torch.float64)
+    denom = float(w.abs().max())
+    return float((g - w).abs().max()) / (denom if denom > 0 else 1.0)
+
+
+__all__ = [
+    "NUMERICS",
+    "PHASES",
+    "Numerics",
+    "StepInputs",
+    "StepResult",
+    "TPResult",
+    "allreduce",
+    "clamped_swiglu",
+    "gemma_norm",
+    "max_rel_error",
+    "neox_rope",
+    "rank_step",
+    "run_tp",
+    "step_rank",
+]
