@@ -93,9 +93,22 @@ def atomic_write(final: Path, data: bytes, *, hook: str | None = None) -> None:
         test_pause(f"{hook}-visible")
 
 
-def read_file(path: Path) -> tuple[bytes, os.stat_result]:
-    """The bytes of a regular file and its stat, from one open (no race between the two)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+_O_NOATIME = getattr(os, "O_NOATIME", 0)
+
+
+def read_file(path: Path, *, as_use: bool = True) -> tuple[bytes, os.stat_result]:
+    """The bytes of a regular file and its stat, from one open (no race between the two).
+
+    ``as_use=False`` (maintenance: ls, verify, gc) asks the kernel not to update the access
+    time, which gc reads as the last use; that needs owning the file, else it is a plain read.
+    """
+    flags = os.O_RDONLY | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags | (0 if as_use else _O_NOATIME))
+    except PermissionError:
+        if as_use or not _O_NOATIME:
+            raise
+        fd = os.open(path, flags)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

@@ -1,10 +1,11 @@
 """Garbage collection and clearing of a writable layer.
 
 Last use: a hit must write nothing, so the store never records uses itself. An entry's last use
-is the newest of the access and modification times of its entry file and its blob, which the
-kernel keeps (with the usual ``relatime`` mount option the access time moves at most once a day
-after the first read; on ``noatime`` mounts it stays at the publish time, and gc degrades to
-oldest-published-first). Publishing (and so every build) refreshes the modification time.
+is the newest of its entry file's modification time (its publish) and its blob's modification
+and access times; the kernel moves the blob's access time when a lookup reads it (with the usual
+``relatime`` mount option at most about once a day after the first read; on ``noatime`` mounts
+never, and gc degrades to oldest-published-first). Maintenance reads (ls, show, verify, gc)
+open files with ``O_NOATIME`` where the kernel allows it, so they do not count as uses.
 
 A gc run, under the layer's exclusive store lock (so no publish is half-way):
 1. removes what can never be served: temp files (a publisher holding the lock would have
@@ -80,8 +81,8 @@ def _files(top: Path) -> list[tuple[Path, os.stat_result]]:
     return out
 
 
-def _last_use(*stats: os.stat_result) -> float:
-    return max(max(s.st_atime, s.st_mtime) for s in stats)
+def _last_use(entry: os.stat_result, blob: os.stat_result) -> float:
+    return max(entry.st_mtime, blob.st_mtime, blob.st_atime)
 
 
 def plan_gc(layer: Layer, max_size: int) -> GcPlan:

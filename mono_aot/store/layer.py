@@ -142,11 +142,13 @@ class Layer:
 
     # --- reading ---------------------------------------------------------------------------
 
-    def read_entry(self, key: str) -> tuple[Entry | None, os.stat_result | None, Problem | None]:
+    def read_entry(
+        self, key: str, *, as_use: bool = False
+    ) -> tuple[Entry | None, os.stat_result | None, Problem | None]:
         """The entry filed under ``key`` (blob not checked): (entry, stat, problem)."""
         path = self.entry_path(key)
         try:
-            raw, st = read_file(path)
+            raw, st = read_file(path, as_use=as_use)
         except FileNotFoundError:
             return None, None, None
         except OSError as e:
@@ -159,12 +161,13 @@ class Layer:
             return None, st, Problem(self, ENTRY_CORRUPT, key, path, str(e))
 
     def read_blob(
-        self, sha256: str, size: int, key: str | None = None
+        self, sha256: str, size: int, key: str | None = None, *, as_use: bool = False
     ) -> tuple[bytes | None, os.stat_result | None, Problem | None]:
-        """The blob's bytes only if their size and sha256 are right."""
+        """The blob's bytes only if their size and sha256 are right. ``as_use``: a lookup,
+        which the kernel may record as the blob's access time (gc's last use)."""
         path = self.blob_path(sha256)
         try:
-            raw, st = read_file(path)
+            raw, st = read_file(path, as_use=as_use)
         except FileNotFoundError:
             return None, None, Problem(self, BLOB_MISSING, key, path, f"blob {sha256} is missing")
         except OSError as e:
@@ -178,18 +181,21 @@ class Layer:
             return None, st, Problem(self, BLOB_CORRUPT, key, path, why)
         return raw, st, None
 
-    def check(self, key: str, *, report: bool = True) -> tuple[Hit | None, list[Problem]]:
+    def check(
+        self, key: str, *, report: bool = True, as_use: bool = True
+    ) -> tuple[Hit | None, list[Problem]]:
         """Look ``key`` up here with full verification; damaged files are quarantined when this
         layer is writable (left alone otherwise). A hit writes nothing."""
         for _ in range(3):  # retried only when the entry was replaced while being read
-            entry, est, problem = self.read_entry(key)
+            entry, est, problem = self.read_entry(key, as_use=as_use)
             if problem:
                 return None, self._handle([(problem, est)], report)
             if entry is None:
                 return None, []
-            data, bst, bp = self.read_blob(entry.blob.sha256, entry.blob.size, key)
+            data, bst, bp = self.read_blob(entry.blob.sha256, entry.blob.size, key, as_use=as_use)
             if bp is None:
-                return Hit(data, entry, self, self.entry_path(key), self.blob_path(entry.blob.sha256)), []
+                blob = self.blob_path(entry.blob.sha256)
+                return Hit(data, entry, self, self.entry_path(key), blob), []
             if not _same_file(self.entry_path(key), est):
                 continue  # replaced or removed meanwhile (publish, gc): look again
             if bp.kind == BLOB_MISSING:
@@ -269,7 +275,7 @@ class Layer:
         """Check ``keys`` (default: every entry, then every blob no entry uses): (ok, problems)."""
         ok, problems, used = 0, [], set()
         for key in keys if keys is not None else list(self.keys()):
-            hit, found = self.check(key, report=False)
+            hit, found = self.check(key, report=False, as_use=False)
             problems += found
             if hit:
                 ok += 1

@@ -218,7 +218,7 @@ class Store:
             check_key(key)
             served, seen = False, False
             for layer in self.layers:
-                hit, found = layer.check(key, report=False)
+                hit, found = layer.check(key, report=False, as_use=False)
                 report.add(found)
                 seen = seen or hit is not None or bool(found)
                 if hit is not None:

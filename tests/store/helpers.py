@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 from mono_aot.store import Entry
@@ -43,7 +45,8 @@ def make_entry(data: bytes, key: str, *, variant: str = "narrow", arch: str = "g
     )
 
 
-def make_pair(rng: random.Random, size: int = 4096, key: str | None = None, **kw) -> tuple[Entry, bytes]:
+def make_pair(rng: random.Random, size: int = 4096, key: str | None = None,
+              **kw) -> tuple[Entry, bytes]:
     data = rng.randbytes(size)
     return make_entry(data, key or rand_key(rng), **kw), data
 
@@ -55,8 +58,29 @@ def snapshot(root: Path) -> dict[str, tuple]:
         for name in [*dirnames, *filenames]:
             p = Path(dirpath) / name
             st = os.lstat(p)
-            out[str(p.relative_to(root))] = (st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns,
-                                             st.st_ino)
+            out[str(p.relative_to(root))] = (st.st_mode, st.st_size, st.st_mtime_ns,
+                                             st.st_ctime_ns, st.st_ino)
     st = os.lstat(root)
     out["."] = (st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
     return out
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None,
+            stdin: str | None = "") -> subprocess.CompletedProcess[str]:
+    """``mono-aot ARGS`` in a real process (stdin is a pipe, not a terminal)."""
+    return subprocess.run(
+        [sys.executable, "-c", "from mono_aot.cli import main; main()", *args],
+        input=stdin, capture_output=True, text=True, env={**os.environ, **(env or {})},
+        cwd=REPO, timeout=120,
+    )
+
+
+def worker(*args: str, env: dict[str, str] | None = None, **popen) -> subprocess.Popen[str]:
+    """``python -m tests.store.worker ARGS`` as a real process."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.store.worker", *args], cwd=REPO, text=True,
+        env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen,
+    )

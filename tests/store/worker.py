@@ -60,6 +60,14 @@ def main(argv: list[str]) -> int:
             print(json.dumps({"error": type(e).__name__, "message": str(e)}), flush=True)
             return 0
         print(json.dumps({"error": None}), flush=True)
+    elif cmd == "hold-lock":  # ROOT KEY SECONDS: take the key's build lock and sit on it
+        root, key, seconds = args
+        from mono_aot.store.lock import key_lock
+
+        layer = Store.at(root).layers[0]
+        with key_lock(layer.lock_path(key), f"key {key}"):
+            print(json.dumps({"locked": os.getpid()}), flush=True)
+            time.sleep(float(seconds))
     else:
         raise SystemExit(f"unknown command {cmd}")
     return 0
