@@ -31,7 +31,9 @@ _PROJECT_ROOT = _PACKAGE_DIR.parent  # relative source paths are taken from here
 
 def canonical_json(doc: Any) -> str:
     """The one JSON spelling that is hashed: sorted keys, no spaces, no NaN."""
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=True)
+    return json.dumps(
+        doc, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=True
+    )
 
 
 def sha256_hex(data: bytes | str) -> str:
@@ -92,7 +94,9 @@ def directory_provider(directory: Path, module: str) -> Provider:
     )
 
 
-def lookup_inputs(provider: Provider | str, source_digest_hex: str, variant: str, layout: Layout, arch: str) -> dict[str, Any]:
+def lookup_inputs(
+    provider: Provider | str, source_digest_hex: str, variant: str, layout: Layout, arch: str
+) -> dict[str, Any]:
     """Everything the lookup key hashes, in a form a person can diff."""
     module = provider.module if isinstance(provider, Provider) else provider
     return {

@@ -48,7 +48,7 @@ class Expectation:
     kernargs: tuple[tuple[str, int, int], ...]  # (name, offset, size) of the contract
 
 
-def coresidency(meta: KernelMeta, threads: int, info: ArchInfo) -> list[str]:
+def coresidency(meta: KernelMeta, threads: int, info: ArchInfo, dynamic_lds: int = 0) -> list[str]:
     """Why one ``threads``-thread workgroup of ``meta`` cannot reside on a CU (empty: it can).
 
     A workgroup's waves spread over the CU's SIMDs; each SIMD's 512-entry (per lane) VGPR file
@@ -72,15 +72,19 @@ def coresidency(meta: KernelMeta, threads: int, info: ArchInfo) -> list[str]:
         )
     if meta.sgpr > info.sgprs_per_wave:
         out.append(f"SGPRs: {meta.sgpr} > {info.sgprs_per_wave} per wave")
-    if meta.lds > info.lds_bytes_per_cu:
-        out.append(f"LDS: {meta.lds} bytes > {info.lds_bytes_per_cu} per CU")
+    lds = meta.lds + dynamic_lds
+    if lds > info.lds_bytes_per_cu:
+        how = f" ({meta.lds} static + {dynamic_lds} dynamic)" if dynamic_lds else ""
+        out.append(f"LDS: {lds} bytes{how} > {info.lds_bytes_per_cu} per CU")
     if threads > meta.max_flat_workgroup_size:
         out.append(
             f"threads: the layout launches {threads} per workgroup, the kernel was compiled for "
             f"at most {meta.max_flat_workgroup_size} (max_flat_workgroup_size)"
         )
     if threads > info.max_threads_per_workgroup:
-        out.append(f"threads: {threads} > {info.max_threads_per_workgroup} per workgroup on {info.name}")
+        out.append(
+            f"threads: {threads} > {info.max_threads_per_workgroup} per workgroup on {info.name}"
+        )
     if meta.wavefront_size != info.wavefront_size:
         out.append(f"wavefront size {meta.wavefront_size}, {info.name} runs {info.wavefront_size}")
     return out
@@ -146,25 +150,40 @@ def check(
     if exp.kernargs:
         _, off, size = exp.kernargs[-1]
         if k.kernarg_segment_size != off + size:
-            v("kernargs", f"kernarg_segment_size {k.kernarg_segment_size}, the contract needs {off + size}")
+            v(
+                "kernargs",
+                f"kernarg_segment_size {k.kernarg_segment_size}, the contract needs {off + size}",
+            )
 
     # launch: the host side launches the layout's geometry
     mine = [la for la in launches if la.get("kernel") == exp.kernel]
     if len(mine) != 1 or len(launches) != 1:
-        v("launch", f"expected one launch of {exp.kernel}, the launcher has {len(launches)} ({len(mine)} of it)")
+        v(
+            "launch",
+            f"expected one launch of {exp.kernel}, the launcher has {len(launches)} ({len(mine)} of it)",
+        )
     else:
         la = mine[0]
         if list(la["grid"]) != [exp.ctas, 1, 1]:
-            v("launch", f"grid {la['grid']}, the layout needs [{exp.ctas}, 1, 1] (one workgroup per CU)")
+            v(
+                "launch",
+                f"grid {la['grid']}, the layout needs [{exp.ctas}, 1, 1] (one workgroup per CU)",
+            )
         if list(la["block"]) != [exp.threads, 1, 1]:
             v("launch", f"block {la['block']}, the layout needs [{exp.threads}, 1, 1]")
-        if la.get("dynamic_lds") != 0:
-            v("launch", f"dynamic LDS {la.get('dynamic_lds')}: the contract uses static LDS only")
+        if not isinstance(la.get("dynamic_lds"), int) or la["dynamic_lds"] < 0:
+            v("launch", "the dynamic LDS size of the launch is not a compile-time constant")
 
     if k.scratch:
-        v("scratch", f"private_segment_fixed_size {k.scratch} bytes; the kernels must use no scratch")
+        v(
+            "scratch",
+            f"private_segment_fixed_size {k.scratch} bytes; the kernels must use no scratch",
+        )
     if k.vgpr_spill or k.sgpr_spill:
         v("spills", f"{k.vgpr_spill} VGPR and {k.sgpr_spill} SGPR spills")
-    for why in coresidency(k, exp.threads, info):
+    dyn = 0
+    if len(mine) == 1 and isinstance(mine[0].get("dynamic_lds"), int):
+        dyn = mine[0]["dynamic_lds"]
+    for why in coresidency(k, exp.threads, info, dyn):
         v("co-residency", f"{why} (at {exp.ctas} CTAs, one per CU)")
     return bad

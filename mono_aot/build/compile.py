@@ -155,19 +155,22 @@ def compile_kernel(
     what = f"{provider.module} {variant} for {arch}"
     if rc is None:
         raise CompileError(
-            f"{what}: the compile did not finish within {timeout:g} s and was killed", stderr, seconds
+            f"{what}: the compile did not finish within {timeout:g} s and was killed",
+            stderr,
+            seconds,
         )
     result: dict[str, Any] = {}
     if (out / RESULT_FILE).is_file():
         result = json.loads((out / RESULT_FILE).read_text())
     if rc != 0 or not result.get("ok"):
+        lines = STDERR_TAIL_LINES
         if rc is not None and rc < 0:
             how = f"the compiler process died with signal {-rc}"
         elif result.get("error"):
-            how = result["error"]
+            how, lines = result["error"], 6  # the message says it; the tail shows where
         else:
             how = f"the compiler process exited with status {rc}"
-        tail = stderr_tail(stderr)
+        tail = stderr_tail(stderr, lines)
         raise CompileError(f"{what}: {how}" + (f"\n{tail}" if tail else ""), stderr, seconds)
     if mode == "isa":
         return CompileResult(b"", None, stderr, seconds, result, (out / ISA_FILE).read_text())

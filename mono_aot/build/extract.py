@@ -57,7 +57,9 @@ def read_artifact_state(path: Path) -> dict[str, Any]:
     except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError) as e:
         raise ExtractError(f"{path.name}: not a FlyDSL cache entry: {e}") from None
     if not isinstance(obj, _ArtifactState):
-        raise ExtractError(f"{path.name}: the pickle holds {type(obj).__name__}, not a CompiledArtifact")
+        raise ExtractError(
+            f"{path.name}: the pickle holds {type(obj).__name__}, not a CompiledArtifact"
+        )
     return obj.state
 
 
@@ -96,7 +98,7 @@ def unescape_mlir_string(text: str, start: int) -> tuple[bytes, int]:
     raise ExtractError("unterminated MLIR string")
 
 
-_OBJECT_RE = re.compile(r'#gpu\.object<#rocdl\.target<([^>]*)>')
+_OBJECT_RE = re.compile(r"#gpu\.object<#rocdl\.target<([^>]*)>")
 _CHIP_RE = re.compile(r'chip\s*=\s*"([^"]+)"')
 _BIN_RE = re.compile(r'\bbin\s*=\s*"')
 
@@ -116,7 +118,7 @@ def gpu_objects(ir_text: str) -> list[GpuObject]:
         chip = _CHIP_RE.search(attrs)
         b = _BIN_RE.search(ir_text, m.end())
         if b is None:
-            raise ExtractError("a #gpu.object has no bin = \"...\" payload")
+            raise ExtractError('a #gpu.object has no bin = "..." payload')
         data, _ = unescape_mlir_string(ir_text, b.end())
         found.append(GpuObject(chip.group(1) if chip else "", attrs, data))
     return found

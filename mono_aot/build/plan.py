@@ -102,7 +102,9 @@ def plan_jobs(
             raise BadInput(f"--arch {a}: unknown arch (supported: {', '.join(SUPPORTED_ARCHS)})")
     for v in variants:
         if v not in VARIANTS:
-            raise BadInput(f"--variant {v}: unknown variant (expected one of {', '.join(VARIANTS)})")
+            raise BadInput(
+                f"--variant {v}: unknown variant (expected one of {', '.join(VARIANTS)})"
+            )
     try:
         src = provider.source_digest()
     except OSError as e:
@@ -150,9 +152,13 @@ def stale_reason(old: dict[str, Any], new: dict[str, Any]) -> str:
     for k in sorted(set(old) | set(new)):
         if old.get(k) != new.get(k):
             o, n = old.get(k), new.get(k)
-            if isinstance(o, dict) and isinstance(n, dict) and "version" in o and o.get("version") != n.get("version"):
+            if (
+                isinstance(o, dict)
+                and isinstance(n, dict)
+                and "version" in o
+                and o.get("version") != n.get("version")
+            ):
                 parts.append(f"{k} {o.get('version')} -> {n.get('version')}")
             else:
                 parts.append(f"{k} changed")
     return ", ".join(parts) or "build inputs changed"
-

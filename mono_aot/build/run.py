@@ -32,8 +32,9 @@ HIT, BUILT, REBUILT, FAILED = "hit", "built", "rebuilt", "failed"
 class CheckFailed(MonoError):
     """The code object broke a publish rule; nothing was published."""
 
-    def __init__(self, violations: list[Violation]) -> None:
+    def __init__(self, violations: list[Violation], seconds: float = 0.0) -> None:
         self.violations = violations
+        self.seconds = seconds
         super().__init__("; ".join(str(v) for v in violations))
 
 
@@ -87,7 +88,11 @@ def make_entry(
         build_inputs=job.build_inputs,
         blob=BlobRef(sha256=hashlib.sha256(res.code_object).hexdigest(), size=len(res.code_object)),
         symbol=k.name,
-        launch=Launch(grid=job.layout.ctas(job.arch), block=job.layout.kernel.threads, dynamic_lds=0),
+        launch=Launch(
+            grid=job.layout.ctas(job.arch),
+            block=job.layout.kernel.threads,
+            dynamic_lds=_dynamic_lds(res.worker, k.name),
+        ),
         kernarg_segment_size=k.kernarg_segment_size,
         kernargs=[
             KernargSlot(name=name, offset=a.offset, size=a.size, value_kind=a.value_kind)
@@ -105,7 +110,12 @@ def make_entry(
             max_flat_workgroup_size=k.max_flat_workgroup_size,
             code_bytes=meta.text_bytes,
         ),
-        elf=ElfInfo(machine=meta.machine, osabi=meta.osabi, abi_version=meta.abi_version, e_flags=meta.e_flags),
+        elf=ElfInfo(
+            machine=meta.machine,
+            osabi=meta.osabi,
+            abi_version=meta.abi_version,
+            e_flags=meta.e_flags,
+        ),
         provenance=Provenance(
             mono_aot_version=__version__,
             flydsl_version=str(res.worker.get("flydsl_version", toolchain.flydsl_version)),
@@ -114,6 +124,11 @@ def make_entry(
             build_seconds=round(res.seconds, 3),
         ),
     )
+
+
+def _dynamic_lds(worker: dict[str, Any], kernel: str) -> int:
+    mine = [la for la in worker.get("launches", []) if la.get("kernel") == kernel]
+    return int(mine[0]["dynamic_lds"]) if mine else 0
 
 
 def compile_and_check(
@@ -126,7 +141,13 @@ def compile_and_check(
 ) -> tuple[Entry, bytes]:
     """Compile ``job`` and return its entry and blob, or raise CompileError / CheckFailed."""
     res = compile_kernel(
-        provider, job.variant, job.layout, job.arch, work_dir, linker=toolchain.linker, timeout=timeout
+        provider,
+        job.variant,
+        job.layout,
+        job.arch,
+        work_dir,
+        linker=toolchain.linker,
+        timeout=timeout,
     )
     assert res.metadata is not None
     kernargs = contract_kernargs(provider, job.layout, res.worker)
@@ -139,7 +160,7 @@ def compile_and_check(
     )
     bad = check(exp, res.code_object, res.metadata, res.stderr, res.worker.get("launches", []))
     if bad:
-        raise CheckFailed(bad)
+        raise CheckFailed(bad, res.seconds)
     return make_entry(job, res, kernargs, toolchain), res.code_object
 
 
@@ -167,7 +188,9 @@ def run_jobs(
                 on_result(res)
         return res
 
-    with ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="mono-aot-build") as ex:
+    with ThreadPoolExecutor(
+        max_workers=max(1, parallel), thread_name_prefix="mono-aot-build"
+    ) as ex:
         return list(ex.map(one, jobs))
 
 
@@ -176,8 +199,13 @@ def _run_one(
 ) -> JobResult:
     before = store.lookup(job.key)
     if before is not None and not force and before.entry.build_inputs == job.build_inputs:
-        return JobResult(job, HIT, blob_sha256=before.entry.blob.sha256, layer=before.layer.label,
-                         entry=before.entry)
+        return JobResult(
+            job,
+            HIT,
+            blob_sha256=before.entry.blob.sha256,
+            layer=before.layer.label,
+            entry=before.entry,
+        )
     stale = ""
     if before is not None and before.entry.build_inputs != job.build_inputs:
         stale = stale_reason(before.entry.build_inputs, job.build_inputs)
@@ -193,7 +221,9 @@ def _run_one(
     def build() -> tuple[Entry, bytes]:
         with tempfile.TemporaryDirectory(prefix="mono-aot-build-") as tmp:
             try:
-                entry, data = compile_and_check(job, provider, toolchain, Path(tmp), timeout=timeout)
+                entry, data = compile_and_check(
+                    job, provider, toolchain, Path(tmp), timeout=timeout
+                )
             finally:
                 compiled.append(1.0)
         return entry, data
@@ -201,12 +231,15 @@ def _run_one(
     try:
         hit, built = store.get_or_build(job.key, build, accept=accept)
     except CheckFailed as e:
-        return JobResult(job, FAILED, compiled=True, reason=str(e), violations=e.violations)
+        return JobResult(
+            job, FAILED, seconds=e.seconds, compiled=True, reason=str(e), violations=e.violations
+        )
     except CompileError as e:
         return JobResult(job, FAILED, seconds=e.seconds, compiled=bool(compiled), reason=str(e))
     if not built:  # another builder published it while we waited for the key's lock
-        return JobResult(job, HIT, blob_sha256=hit.entry.blob.sha256, layer=hit.layer.label,
-                         entry=hit.entry)
+        return JobResult(
+            job, HIT, blob_sha256=hit.entry.blob.sha256, layer=hit.layer.label, entry=hit.entry
+        )
     status = REBUILT if (stale or (force and seen is not None)) else BUILT
     return JobResult(
         job,

@@ -49,7 +49,9 @@ def _check_environment(arch: str) -> None:
             raise WorkerFailure(f"environment {k}={os.environ.get(k)!r}, expected {v!r}")
     cache = os.environ.get("FLYDSL_RUNTIME_CACHE_DIR", "")
     if not cache or (Path(cache).exists() and any(Path(cache).iterdir())):
-        raise WorkerFailure(f"FLYDSL_RUNTIME_CACHE_DIR={cache!r} must name a private empty directory")
+        raise WorkerFailure(
+            f"FLYDSL_RUNTIME_CACHE_DIR={cache!r} must name a private empty directory"
+        )
     if not os.environ.get("ROCM_PATH"):
         raise WorkerFailure("ROCM_PATH is not set (the toolchain folder with llvm/bin/ld.lld)")
 
@@ -62,7 +64,9 @@ def _provider(module_name: str, search_path: str | None):
     mod = importlib.import_module(module_name)
     for attr in ("KERNEL_NAMES", "launcher_for", "trace_args"):
         if not hasattr(mod, attr):
-            raise WorkerFailure(f"provider {module_name} has no {attr} (see the kernel provider protocol)")
+            raise WorkerFailure(
+                f"provider {module_name} has no {attr} (see the kernel provider protocol)"
+            )
     return mod
 
 
@@ -86,7 +90,9 @@ def _trace(req: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     ret = launcher(*args)
     info["compile_seconds"] = round(time.perf_counter() - t0, 3)
     if ret is not None:
-        raise WorkerFailure(f"the launcher returned {type(ret).__name__} under COMPILE_ONLY=1, expected None")
+        raise WorkerFailure(
+            f"the launcher returned {type(ret).__name__} under COMPILE_ONLY=1, expected None"
+        )
     return launcher, info
 
 
@@ -118,7 +124,12 @@ def _extract(out: Path, info: dict[str, Any], arch: str) -> None:
     info["chip"] = obj.chip
     info["target_attrs"] = obj.target_attrs
     info["launches"] = [
-        {"kernel": la.kernel, "grid": list(la.grid), "block": list(la.block), "dynamic_lds": la.dynamic_lds}
+        {
+            "kernel": la.kernel,
+            "grid": list(la.grid),
+            "block": list(la.block),
+            "dynamic_lds": la.dynamic_lds,
+        }
         for la in launches(text)
     ]
     tmp = out / (CODE_FILE + ".tmp")
@@ -142,7 +153,9 @@ def run(request_path: Path) -> int:
     result: dict[str, Any] = {"protocol": WORKER_PROTOCOL, "ok": False}
     try:
         if req.get("protocol") != WORKER_PROTOCOL:
-            raise WorkerFailure(f"request protocol {req.get('protocol')!r}, worker speaks {WORKER_PROTOCOL}")
+            raise WorkerFailure(
+                f"request protocol {req.get('protocol')!r}, worker speaks {WORKER_PROTOCOL}"
+            )
         _check_environment(req["arch"])
         _, info = _trace(req)
         import flydsl

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from mono_aot.cli._common import emit_json, json_option
-from mono_aot.errors import EXIT_FAILED, BadInput, MonoError
+from mono_aot.errors import BadInput, MonoError
 from mono_aot.layouts import VARIANTS
 
 
@@ -19,7 +19,9 @@ def _provider(spec: str | None):
     if spec is None:
         prov = real_provider()
         if not any(rel.startswith("mono_aot/kernels/") for rel, _ in prov.sources):
-            raise MonoError(f"the kernels ({REAL_PROVIDER}) are not part of this install: nothing to build")
+            raise MonoError(
+                f"the kernels ({REAL_PROVIDER}) are not part of this install: nothing to build"
+            )
         return prov
     directory, sep, module = spec.rpartition(":")
     if not sep or not directory or not module:
@@ -36,17 +38,63 @@ def _store(root: str | None):
 
 
 @click.command("build")
-@click.option("--arch", "archs", multiple=True, metavar="A", help="Target arch (repeatable; default: every arch the layouts target).")
-@click.option("--layout", "layouts", multiple=True, metavar="NAME|PATH", help="Layout (repeatable; default: every shipped layout).")
-@click.option("--variant", "variants", multiple=True, type=click.Choice(VARIANTS), help="Kernel variant (repeatable; default: both).")
-@click.option("-j", "--jobs", "parallel", type=click.IntRange(min=1), default=None, help="Compiles at once (default: the number of cores).")
-@click.option("--store", "store_dir", type=click.Path(file_okay=False), default=None, help="Build into this store root instead of the user cache.")
+@click.option(
+    "--arch",
+    "archs",
+    multiple=True,
+    metavar="A",
+    help="Target arch (repeatable; default: every arch the layouts target).",
+)
+@click.option(
+    "--layout",
+    "layouts",
+    multiple=True,
+    metavar="NAME|PATH",
+    help="Layout (repeatable; default: every shipped layout).",
+)
+@click.option(
+    "--variant",
+    "variants",
+    multiple=True,
+    type=click.Choice(VARIANTS),
+    help="Kernel variant (repeatable; default: both).",
+)
+@click.option(
+    "-j",
+    "--jobs",
+    "parallel",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Compiles at once (default: the number of cores).",
+)
+@click.option(
+    "--store",
+    "store_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Build into this store root instead of the user cache.",
+)
 @click.option("--dry-run", is_flag=True, help="Print the plan with hit/miss per job and exit.")
 @click.option("--force", is_flag=True, help="Rebuild and replace entries that would be hits.")
-@click.option("--timeout", type=click.FloatRange(min=1), default=None, metavar="SECONDS", help="Kill a compile that runs longer (default 1800).")
-@click.option("--provider", "provider_spec", default=None, hidden=True, metavar="DIR:MODULE", help="Build another kernel provider (development and tests).")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=1),
+    default=None,
+    metavar="SECONDS",
+    help="Kill a compile that runs longer (default 1800).",
+)
+@click.option(
+    "--provider",
+    "provider_spec",
+    default=None,
+    hidden=True,
+    metavar="DIR:MODULE",
+    help="Build another kernel provider (development and tests).",
+)
 @json_option
-def build(archs, layouts, variants, parallel, store_dir, dry_run, force, timeout, provider_spec, as_json) -> None:
+def build(
+    archs, layouts, variants, parallel, store_dir, dry_run, force, timeout, provider_spec, as_json
+) -> None:
     """Compile the layout x arch x variant matrix into the store.
 
     Exit status: 0 when every job is a hit or was built, 1 when any failed, 2 for bad input.
@@ -71,23 +119,36 @@ def build(archs, layouts, variants, parallel, store_dir, dry_run, force, timeout
                 state, why = "hit", ""
             else:
                 state, why = "stale", stale_reason(hit.entry.build_inputs, job.build_inputs)
-            rows.append({**job.as_json(), "status": state, "reason": why or None,
-                         "lookup_inputs": job.lookup_inputs, "build_inputs": job.build_inputs})
+            rows.append(
+                {
+                    **job.as_json(),
+                    "status": state,
+                    "reason": why or None,
+                    "lookup_inputs": job.lookup_inputs,
+                    "build_inputs": job.build_inputs,
+                }
+            )
         if as_json:
             emit_json({"dry_run": True, "store": store.describe(), "plan": rows})
             return
         click.echo(f"store: {store.describe()}")
         for r in rows:
             extra = f"  ({r['reason']})" if r["reason"] else ""
-            click.echo(f"{r['status']:<6} {r['layout']}/{r['arch']}/{r['variant']}  {r['key'][:12]}{extra}")
+            click.echo(
+                f"{r['status']:<6} {r['layout']}/{r['arch']}/{r['variant']}  {r['key'][:12]}{extra}"
+            )
         return
 
     n = parallel or os.cpu_count() or 1
     tty = not as_json and sys.stderr.isatty()
     bar = None
     if tty:
-        bar = click.progressbar(length=len(jobs), label="mono-aot build", file=sys.stderr,
-                                item_show_func=lambda r: r.job.name if r else "")
+        bar = click.progressbar(
+            length=len(jobs),
+            label="mono-aot build",
+            file=sys.stderr,
+            item_show_func=lambda r: r.job.name if r else "",
+        )
         bar.__enter__()
 
     def on_result(res) -> None:
@@ -97,8 +158,16 @@ def build(archs, layouts, variants, parallel, store_dir, dry_run, force, timeout
             click.echo(res.line())
 
     try:
-        results = run_jobs(jobs, store, provider, toolchain, parallel=n, force=force,
-                           timeout=timeout or DEFAULT_TIMEOUT_S, on_result=on_result)
+        results = run_jobs(
+            jobs,
+            store,
+            provider,
+            toolchain,
+            parallel=n,
+            force=force,
+            timeout=timeout or DEFAULT_TIMEOUT_S,
+            on_result=on_result,
+        )
     finally:
         if bar is not None:
             bar.__exit__(None, None, None)
@@ -106,8 +175,15 @@ def build(archs, layouts, variants, parallel, store_dir, dry_run, force, timeout
     counts = {s: sum(r.status == s for r in results) for s in ("hit", "built", "rebuilt", "failed")}
     summary = {"jobs": len(results), **counts, "compiles": sum(r.compiled for r in results)}
     if as_json:
-        emit_json({"dry_run": False, "store": store.describe(), "plan": [j.as_json() for j in jobs],
-                   "results": [r.as_json() for r in results], "summary": summary})
+        emit_json(
+            {
+                "dry_run": False,
+                "store": store.describe(),
+                "plan": [j.as_json() for j in jobs],
+                "results": [r.as_json() for r in results],
+                "summary": summary,
+            }
+        )
     else:
         if bar is not None:
             for r in results:
@@ -117,18 +193,34 @@ def build(archs, layouts, variants, parallel, store_dir, dry_run, force, timeout
             f"{summary['jobs']} jobs: {counts['hit']} hit, {counts['built']} built, "
             f"{counts['rebuilt']} rebuilt, {counts['failed']} failed ({summary['compiles']} compiles)"
         )
-    if any(r.status == FAILED for r in results):
-        raise click.exceptions.Exit(EXIT_FAILED)
+    failed = [r for r in results if r.status == FAILED]
+    if failed:
+        raise MonoError(
+            f"{len(failed)} of {len(results)} jobs failed: {', '.join(r.job.name for r in failed)}"
+        )
 
 
 def _table(results) -> None:
     rows = [("job", "status", "seconds", "key", "vgpr", "agpr", "sgpr", "lds", "code")]
     for r in results:
         e = r.entry
-        res = [str(x) for x in (e.resources.vgpr, e.resources.agpr, e.resources.sgpr,
-                                 e.resources.lds, e.resources.code_bytes)] if e else ["-"] * 5
-        rows.append((r.job.name, r.status, f"{r.seconds:.1f}" if r.compiled else "-",
-                     r.job.key[:12], *res))
+        res = (
+            [
+                str(x)
+                for x in (
+                    e.resources.vgpr,
+                    e.resources.agpr,
+                    e.resources.sgpr,
+                    e.resources.lds,
+                    e.resources.code_bytes,
+                )
+            ]
+            if e
+            else ["-"] * 5
+        )
+        rows.append(
+            (r.job.name, r.status, f"{r.seconds:.1f}" if r.compiled else "-", r.job.key[:12], *res)
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     click.echo("")
     for row in rows:
