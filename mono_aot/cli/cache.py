@@ -68,7 +68,10 @@ def cache(ctx: click.Context, store_dir: Path | None) -> None:
 @json_option
 @click.pass_context
 def ls_cmd(ctx: click.Context, as_json: bool) -> None:
-    """Every entry in every layer, in lookup order (a shadowed entry is never served)."""
+    """List the entries of every layer.
+
+    In lookup order; a shadowed entry (an earlier layer has the key) is never served.
+    """
     store = _store(ctx)
     rows = []
     for item in store.listing():
@@ -76,24 +79,39 @@ def ls_cmd(ctx: click.Context, as_json: bool) -> None:
             click.echo(f"{item.problem.message()} (run `mono-aot cache verify`)", err=True)
             continue
         e = item.entry
-        rows.append({"key": e.key, "variant": e.variant, "arch": e.arch, "layout": e.layout,
-                     "size": e.blob.size, "layer": item.layer.label, "root": str(item.layer.root),
-                     "shadowed": item.shadowed})
+        rows.append(
+            {
+                "key": e.key,
+                "variant": e.variant,
+                "arch": e.arch,
+                "layout": e.layout,
+                "size": e.blob.size,
+                "layer": item.layer.label,
+                "root": str(item.layer.root),
+                "shadowed": item.shadowed,
+            }
+        )
     if as_json:
         emit_json(rows)
         return
     if rows:
         w = max(len(r["layout"]) for r in rows)
-        click.echo(f"{'KEY':<16}  {'VARIANT':<7}  {'ARCH':<7}  {'LAYOUT':<{w}}  {'SIZE':>10}  LAYER")
+        click.echo(
+            f"{'KEY':<16}  {'VARIANT':<7}  {'ARCH':<7}  {'LAYOUT':<{w}}  {'SIZE':>10}  LAYER"
+        )
         for r in rows:
             note = "  (shadowed)" if r["shadowed"] else ""
-            click.echo(f"{r['key'][:16]}  {r['variant']:<7}  {r['arch']:<7}  {r['layout']:<{w}}  "
-                       f"{human(r['size']):>10}  {r['layer']}{note}")
+            click.echo(
+                f"{r['key'][:16]}  {r['variant']:<7}  {r['arch']:<7}  {r['layout']:<{w}}  "
+                f"{human(r['size']):>10}  {r['layer']}{note}"
+            )
     click.echo(f"{len(rows)} entries; layers (lookup order):")
     for layer in store.layers:
         missing = "" if layer.base.is_dir() else ", empty"
-        click.echo(f"  {layer.label}: {layer.root} "
-                   f"({'writable' if layer.writable else 'read-only'}{missing})")
+        click.echo(
+            f"  {layer.label}: {layer.root} "
+            f"({'writable' if layer.writable else 'read-only'}{missing})"
+        )
 
 
 @cache.command("show")
@@ -101,7 +119,10 @@ def ls_cmd(ctx: click.Context, as_json: bool) -> None:
 @json_option
 @click.pass_context
 def show_cmd(ctx: click.Context, key: str, as_json: bool) -> None:
-    """One entry (KEY or a unique prefix), with its blob checked. Writes nothing."""
+    """Show one entry and check its blob.
+
+    KEY may be a unique prefix. Writes nothing; exit 1 if the blob fails verification.
+    """
     store = _store(ctx)
     key = store.resolve_prefix(key)
     found = store.find_entry(key)
@@ -111,9 +132,16 @@ def show_cmd(ctx: click.Context, key: str, as_json: bool) -> None:
     _, _, problem = layer.read_blob(e.blob.sha256, e.blob.size, key)
     blob_status = "verified" if problem is None else f"FAILED: {problem.reason}"
     if as_json:
-        emit_json({"key": key, "layer": layer.as_json(), "entry_path": str(layer.entry_path(key)),
-                   "blob_path": str(layer.blob_path(e.blob.sha256)), "blob_status": blob_status,
-                   "entry": e.model_dump(mode="json")})
+        emit_json(
+            {
+                "key": key,
+                "layer": layer.as_json(),
+                "entry_path": str(layer.entry_path(key)),
+                "blob_path": str(layer.blob_path(e.blob.sha256)),
+                "blob_status": blob_status,
+                "entry": e.model_dump(mode="json"),
+            }
+        )
     else:
         click.echo(f"key      {key}")
         click.echo(f"layer    {layer.describe()}")
@@ -122,55 +150,86 @@ def show_cmd(ctx: click.Context, key: str, as_json: bool) -> None:
         click.echo(f"blob     {e.blob.sha256}  {e.blob.size} bytes  {blob_status}")
         ln = e.launch
         click.echo(f"launch   grid {ln.grid}  block {ln.block}  dynamic LDS {ln.dynamic_lds}")
-        click.echo(f"kernargs {e.kernarg_segment_size} bytes: "
-                   + ", ".join(f"{k.name}@{k.offset}+{k.size}" for k in e.kernargs))
-        click.echo("resources " + "  ".join(f"{k}={v}" for k, v in e.resources.model_dump().items()))
-        click.echo(f"elf      machine {e.elf.machine}  osabi {e.elf.osabi}  abi {e.elf.abi_version}"
-                   f"  e_flags {e.elf.e_flags:#x}")
+        click.echo(
+            f"kernargs {e.kernarg_segment_size} bytes: "
+            + ", ".join(f"{k.name}@{k.offset}+{k.size}" for k in e.kernargs)
+        )
+        click.echo(
+            "resources " + "  ".join(f"{k}={v}" for k, v in e.resources.model_dump().items())
+        )
+        click.echo(
+            f"elf      machine {e.elf.machine}  osabi {e.elf.osabi}  abi {e.elf.abi_version}"
+            f"  e_flags {e.elf.e_flags:#x}"
+        )
         p = e.provenance
-        click.echo(f"built    {p.built_at} in {p.build_seconds:.1f}s by mono-aot "
-                   f"{p.mono_aot_version}, FlyDSL {p.flydsl_version}, {p.linker_version}")
+        click.echo(
+            f"built    {p.built_at} in {p.build_seconds:.1f}s by mono-aot "
+            f"{p.mono_aot_version}, FlyDSL {p.flydsl_version}, {p.linker_version}"
+        )
     if problem is not None:
         raise MonoError(f"blob of {key} failed verification: {problem.reason}")
 
 
 @cache.command("verify")
 @click.argument("keys", nargs=-1)
-@click.option("--all", "all_layers", is_flag=True,
-              help="Every entry and blob of every layer, shadowed and unreferenced ones too.")
+@click.option(
+    "--all",
+    "all_layers",
+    is_flag=True,
+    help="Every entry and blob of every layer, shadowed and unreferenced ones too.",
+)
 @json_option
 @click.pass_context
 def verify_cmd(ctx: click.Context, keys: tuple[str, ...], all_layers: bool, as_json: bool) -> None:
-    """Check digests and sizes (default: every key as a lookup resolves it); exit 1 if anything
-    is corrupt or missing. Damaged files in writable layers are moved to quarantine."""
+    """Check digests and sizes; exit 1 on damage.
+
+    Default: every key (or the KEYS given) as a lookup resolves it. Exit 1 if anything is
+    corrupt or missing, with the list. Damaged files in writable layers are moved to
+    quarantine, as a lookup would.
+    """
     store = _store(ctx)
     wanted = None
     if keys:
         wanted = [k if re.fullmatch(r"[0-9a-f]{64}", k) else store.resolve_prefix(k) for k in keys]
     report = store.verify(wanted, all_layers=all_layers)
     if as_json:
-        emit_json({"ok": report.ok, "problems": [p.as_json() for p in report.problems],
-                   "skipped": [p.as_json() for p in report.skipped]})
+        emit_json(
+            {
+                "ok": report.ok,
+                "problems": [p.as_json() for p in report.problems],
+                "skipped": [p.as_json() for p in report.skipped],
+            }
+        )
     else:
         for p in report.skipped:
             click.echo(f"skipped  {p.message()}")
         for p in report.problems:
             label = "MISSING" if p.kind == MISSING else p.kind.upper()
             click.echo(f"{label}  {p.message()}")
-        click.echo(f"{report.ok} verified, {len(report.problems)} problems"
-                   + (f", {len(report.skipped)} of another schema version" if report.skipped else ""))
+        click.echo(
+            f"{report.ok} verified, {len(report.problems)} problems"
+            + (f", {len(report.skipped)} of another schema version" if report.skipped else "")
+        )
     if report.problems:
         sys.exit(1)
 
 
 @cache.command("gc")
-@click.option("--max-size", required=True, type=SizeType(),
-              help="Shrink each writable layer to at most SIZE (1024, 500M, 2G; binary units).")
+@click.option(
+    "--max-size",
+    required=True,
+    type=SizeType(),
+    help="Shrink each writable layer to at most SIZE (1024, 500M, 2G; binary units).",
+)
 @click.option("--dry-run", is_flag=True, help="List exactly what gc would remove; remove nothing.")
 @json_option
 @click.pass_context
 def gc_cmd(ctx: click.Context, max_size: int, dry_run: bool, as_json: bool) -> None:
-    """Remove garbage, then least recently used entries; never touches read-only layers."""
+    """Remove garbage, then least recently used entries.
+
+    Garbage: temp files of killed publishers, quarantined files, damaged entries, blobs no
+    entry needs. Read-only layers are never touched.
+    """
     plans = _store(ctx).gc(max_size, dry_run=dry_run)
     if as_json:
         emit_json({"dry_run": dry_run, "layers": [p.as_json() for p in plans]})
@@ -182,12 +241,15 @@ def gc_cmd(ctx: click.Context, max_size: int, dry_run: bool, as_json: bool) -> N
             used = ""
             if r.last_use is not None:
                 used = "  last used " + datetime.fromtimestamp(r.last_use, UTC).strftime(
-                    "%Y-%m-%d %H:%M:%SZ")
+                    "%Y-%m-%d %H:%M:%SZ"
+                )
             click.echo(f"  {verb} {r.kind:<13} {r.path}  {r.size}{used}")
         for note in plan.notes:
             click.echo(f"  note: {note}")
-        click.echo(f"  {verb} {len(plan.removals)} files, {human(plan.freed)}; "
-                   f"{human(plan.size_after)} left (max {human(max_size)})")
+        click.echo(
+            f"  {verb} {len(plan.removals)} files, {human(plan.freed)}; "
+            f"{human(plan.size_after)} left (max {human(max_size)})"
+        )
 
 
 def _flatten(doc: Any, prefix: str, out: dict[str, Any]) -> dict[str, Any]:
@@ -223,8 +285,11 @@ def _show(v: Any) -> str:
 @json_option
 @click.pass_context
 def explain_cmd(ctx: click.Context, key: str, other: str | None, as_json: bool) -> None:
-    """Every input of KEY (lookup.* the runtime hashes, build.* the toolchain); with OTHER, only
-    the inputs that differ between the two."""
+    """Every input of a key, or what two keys differ in.
+
+    lookup.* are what the runtime hashes, build.* the toolchain; with OTHER, only the inputs
+    that differ between KEY and OTHER.
+    """
     store = _store(ctx)
     key = store.resolve_prefix(key)
     a = _inputs(store, key)
@@ -239,13 +304,25 @@ def explain_cmd(ctx: click.Context, key: str, other: str | None, as_json: bool) 
     other = store.resolve_prefix(other)
     b = _inputs(store, other)
     names = [*a, *(k for k in b if k not in a)]
-    diff = {k: (a.get(k, _ABSENT), b.get(k, _ABSENT)) for k in names
-            if a.get(k, _ABSENT) != b.get(k, _ABSENT)}
+    diff = {
+        k: (a.get(k, _ABSENT), b.get(k, _ABSENT))
+        for k in names
+        if a.get(k, _ABSENT) != b.get(k, _ABSENT)
+    }
     if as_json:
-        emit_json({"keys": [key, other],
-                   "differ": {k: {"a": None if x is _ABSENT else x, "b": None if y is _ABSENT else y,
-                                  "in": [n for n, v in (("a", x), ("b", y)) if v is not _ABSENT]}
-                              for k, (x, y) in diff.items()}})
+        emit_json(
+            {
+                "keys": [key, other],
+                "differ": {
+                    k: {
+                        "a": None if x is _ABSENT else x,
+                        "b": None if y is _ABSENT else y,
+                        "in": [n for n, v in (("a", x), ("b", y)) if v is not _ABSENT],
+                    }
+                    for k, (x, y) in diff.items()
+                },
+            }
+        )
         return
     click.echo(f"a {key}\nb {other}")
     if not diff:
@@ -258,7 +335,11 @@ def explain_cmd(ctx: click.Context, key: str, other: str | None, as_json: bool) 
 @click.option("--yes", is_flag=True, help="Do not ask (needed when stdin is not a terminal).")
 @click.pass_context
 def clear_cmd(ctx: click.Context, yes: bool) -> None:
-    """Remove every entry and blob of the writable layer(s); read-only layers are untouched."""
+    """Empty the writable layer(s).
+
+    Removes every entry, blob and quarantined file (lock files stay); read-only layers are
+    untouched. Off a terminal, --yes is required (exit 2 otherwise).
+    """
     store = _store(ctx)
     targets = [layer for layer in store.layers if layer.writable]
     where = ", ".join(str(layer.root) for layer in targets) or "(no writable layer)"

@@ -122,4 +122,3 @@ def read_file(path: Path, *, as_use: bool = True) -> tuple[bytes, os.stat_result
         return b"".join(chunks), st
     finally:
         os.close(fd)
-

@@ -145,9 +145,11 @@ def decode_entry(raw: bytes, key: str) -> Entry:
     try:
         env = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise EntryCorrupt(f"not valid JSON ({len(raw)} bytes; truncated or damaged?): {e}") from None
+        raise EntryCorrupt(
+            f"not valid JSON ({len(raw)} bytes; truncated or damaged?): {e}"
+        ) from None
     if not isinstance(env, dict) or env.get("format") != ENTRY_FORMAT:
-        raise EntryCorrupt(f"not a mono-aot entry document (no \"format\": \"{ENTRY_FORMAT}\")")
+        raise EntryCorrupt(f'not a mono-aot entry document (no "format": "{ENTRY_FORMAT}")')
     version = env.get("schema_version")
     if type(version) is not int:
         raise EntryCorrupt(f"schema_version is {version!r}, not an integer")
@@ -163,7 +165,7 @@ def decode_entry(raw: bytes, key: str) -> Entry:
         raise EntryCorrupt("not in canonical form (the file was edited)")
     doc = env["entry"]
     if not isinstance(doc, dict):
-        raise EntryCorrupt("\"entry\" is not an object")
+        raise EntryCorrupt('"entry" is not an object')
     digest = hashlib.sha256(_compact(doc)).hexdigest()
     if env["entry_sha256"] != digest:
         raise EntryCorrupt(

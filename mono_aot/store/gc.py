@@ -40,8 +40,13 @@ class Removal:
     last_use: float | None = None
 
     def as_json(self) -> dict:
-        return {"kind": self.kind, "path": str(self.path), "size": self.size, "key": self.key,
-                "last_use": self.last_use}
+        return {
+            "kind": self.kind,
+            "path": str(self.path),
+            "size": self.size,
+            "key": self.key,
+            "last_use": self.last_use,
+        }
 
 
 @dataclass
@@ -62,10 +67,15 @@ class GcPlan:
         return self.size_before - self.freed
 
     def as_json(self) -> dict:
-        return {"layer": self.layer.as_json(), "max_size": self.max_size,
-                "size_before": self.size_before, "size_after": self.size_after,
-                "freed": self.freed, "removed": [r.as_json() for r in self.removals],
-                "notes": self.notes}
+        return {
+            "layer": self.layer.as_json(),
+            "max_size": self.max_size,
+            "size_before": self.size_before,
+            "size_after": self.size_after,
+            "freed": self.freed,
+            "removed": [r.as_json() for r in self.removals],
+            "notes": self.notes,
+        }
 
 
 def _files(top: Path) -> list[tuple[Path, os.stat_result]]:
@@ -91,9 +101,9 @@ def plan_gc(layer: Layer, max_size: int) -> GcPlan:
     entry_files = {p: st for p, st in _files(layer.entries_dir)}
     blob_files = {p: st for p, st in _files(layer.blobs_dir)}
     quarantined = _files(layer.quarantine_dir)
-    plan.size_before = sum(st.st_size for st in [*entry_files.values(), *blob_files.values()]) + sum(
-        st.st_size for _, st in quarantined
-    )
+    plan.size_before = sum(
+        st.st_size for st in [*entry_files.values(), *blob_files.values()]
+    ) + sum(st.st_size for _, st in quarantined)
     garbage: list[Removal] = []
     known: set[Path] = set()
     for p, st in [*entry_files.items(), *blob_files.items()]:

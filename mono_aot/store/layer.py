@@ -110,8 +110,13 @@ class Layer:
         return f"{self.label} {self.root} ({'writable' if self.writable else 'read-only'})"
 
     def as_json(self) -> dict:
-        return {"kind": self.kind, "label": self.label, "root": str(self.root),
-                "writable": self.writable, "exists": self.base.is_dir()}
+        return {
+            "kind": self.kind,
+            "label": self.label,
+            "root": str(self.root),
+            "writable": self.writable,
+            "exists": self.base.is_dir(),
+        }
 
     # --- listing ---------------------------------------------------------------------------
 
@@ -202,17 +207,24 @@ class Layer:
                 bad = [(replace(bp, path=self.entry_path(key), reason=f"its {bp.reason}"), est)]
             elif bp.kind == BLOB_CORRUPT:
                 why = f"its blob {entry.blob.sha256[:16]}... failed verification"
-                bad = [(bp, bst), (Problem(self, ENTRY_CORRUPT, key, self.entry_path(key), why), est)]
+                bad = [
+                    (bp, bst),
+                    (Problem(self, ENTRY_CORRUPT, key, self.entry_path(key), why), est),
+                ]
             else:
                 bad = [(bp, bst)]
             return None, self._handle(bad, report)
         return None, []
 
-    def _handle(self, found: list[tuple[Problem, os.stat_result | None]], report: bool) -> list[Problem]:
+    def _handle(
+        self, found: list[tuple[Problem, os.stat_result | None]], report: bool
+    ) -> list[Problem]:
         out = []
         for problem, st in found:
             if problem.kind in _DAMAGE and self.writable:
-                problem = replace(problem, moved_to=self._quarantine(problem.path, st, problem.reason))
+                problem = replace(
+                    problem, moved_to=self._quarantine(problem.path, st, problem.reason)
+                )
             if report:
                 log.warning("%s", problem.message())
             out.append(problem)
@@ -271,27 +283,25 @@ class Layer:
 
     # --- whole-layer operations -------------------------------------------------------------
 
-    def verify(self, keys: list[str] | None = None) -> tuple[int, list[Problem]]:
-        """Check ``keys`` (default: every entry, then every blob no entry uses): (ok, problems)."""
+    def verify(self) -> tuple[int, list[Problem]]:
+        """Check every entry, then every blob no entry uses: (intact entries, problems)."""
         ok, problems, used = 0, [], set()
-        for key in keys if keys is not None else list(self.keys()):
+        for key in list(self.keys()):
             hit, found = self.check(key, report=False, as_use=False)
             problems += found
             if hit:
                 ok += 1
                 used.add(hit.entry.blob.sha256)
-        if keys is None:
-            for sha in list(self.blob_names()):
-                if sha in used:
-                    continue
-                path = self.blob_path(sha)
-                try:
-                    size = path.stat().st_size
-                except FileNotFoundError:
-                    continue
-                _, st, bp = self.read_blob(sha, size)
-                if bp is not None and bp.kind != BLOB_MISSING:
-                    problems += self._handle([(bp, st)], report=False)
+        for sha in list(self.blob_names()):
+            if sha in used:
+                continue
+            try:
+                size = self.blob_path(sha).stat().st_size
+            except FileNotFoundError:
+                continue
+            _, st, bp = self.read_blob(sha, size)
+            if bp is not None and bp.kind != BLOB_MISSING:
+                problems += self._handle([(bp, st)], report=False)
         return ok, problems
 
 
@@ -330,9 +340,15 @@ class Problem:
         return f"mono-aot: {self.layer.label} {self.layer.root}: {what}: {self.reason}; {action}"
 
     def as_json(self) -> dict:
-        return {"kind": self.kind, "key": self.key, "path": str(self.path), "reason": self.reason,
-                "layer": self.layer.label, "root": str(self.layer.root),
-                "moved_to": None if self.moved_to is None else str(self.moved_to)}
+        return {
+            "kind": self.kind,
+            "key": self.key,
+            "path": str(self.path),
+            "reason": self.reason,
+            "layer": self.layer.label,
+            "root": str(self.layer.root),
+            "moved_to": None if self.moved_to is None else str(self.moved_to),
+        }
 
 
 def _same_file(path: Path, st: os.stat_result | None) -> bool:

@@ -40,6 +40,10 @@ def pack_roots() -> list[tuple[str, Path]]:
             log.warning(
                 "mono-aot: pack entry point %r (%s) in group %s skipped: %s: %s (it must give a "
                 "store root path, or a callable with no arguments returning one)",
-                ep.name, ep.value, PACK_ENTRY_POINT_GROUP, type(e).__name__, e,
+                ep.name,
+                ep.value,
+                PACK_ENTRY_POINT_GROUP,
+                type(e).__name__,
+                e,
             )
     return out

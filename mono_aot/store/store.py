@@ -149,8 +149,9 @@ class Store:
                 f"{self.miss_message(key)}; cannot build it: no layer is writable (set "
                 "MONO_AOT_CACHE_DIR to a writable directory or pass --store DIR)"
             )
-        with key_lock(layer.lock_path(key), f"key {key} (another process is building it)",
-                      timeout=timeout):
+        with key_lock(
+            layer.lock_path(key), f"key {key} (another process is building it)", timeout=timeout
+        ):
             hit = self.lookup(key, accept=accept)
             if hit is not None:
                 return hit, False
@@ -196,7 +197,9 @@ class Store:
                 if entry is not None:
                     served.add(key)
 
-    def verify(self, keys: Sequence[str] | None = None, *, all_layers: bool = False) -> VerifyReport:
+    def verify(
+        self, keys: Sequence[str] | None = None, *, all_layers: bool = False
+    ) -> VerifyReport:
         """Verify like a lookup does, quarantining in writable layers.
 
         Default: every key (or ``keys``) as a lookup would resolve it, stopping at the first
@@ -228,8 +231,13 @@ class Store:
                         break
             if not served and not seen:
                 report.problems.append(
-                    Problem(self.layers[0], MISSING, key, self.layers[0].entry_path(key),
-                            self.miss_message(key))
+                    Problem(
+                        self.layers[0],
+                        MISSING,
+                        key,
+                        self.layers[0].entry_path(key),
+                        self.miss_message(key),
+                    )
                 )
         return report
 

@@ -31,8 +31,10 @@ def filled(tmp_path):
     rng = random.Random(40)
     root = tmp_path / "store"
     store = Store.at(root)
-    pairs = [make_pair(rng, size=10_000, variant=v, hidden=h)
-             for v, h in [("narrow", 3072), ("wide", 3072), ("narrow", 4096)]]
+    pairs = [
+        make_pair(rng, size=10_000, variant=v, hidden=h)
+        for v, h in [("narrow", 3072), ("wide", 3072), ("narrow", 4096)]
+    ]
     for e, d in pairs:
         store.publish(e, d)
     return root, store, pairs
@@ -45,7 +47,8 @@ def test_ls_and_show(filled) -> None:
     rows = json.loads(r.stdout)
     assert sorted(x["key"] for x in rows) == sorted(e.key for e, _ in pairs)
     assert {(x["variant"], x["arch"], x["layout"], x["size"], x["layer"]) for x in rows} == {
-        (e.variant, e.arch, e.layout, len(d), "store") for e, d in pairs}
+        (e.variant, e.arch, e.layout, len(d), "store") for e, d in pairs
+    }
     r = _cache(root, "ls")
     assert r.returncode == 0 and pairs[0][0].key[:16] in r.stdout and "3 entries" in r.stdout
     e, d = pairs[1]
@@ -82,7 +85,8 @@ def test_explain_one_key_and_the_difference_of_two(filled) -> None:
     r = _cache(root, "explain", a.key[:10], b.key[:10], "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["differ"] == {
-        "lookup.layout.hidden": {"a": 3072, "b": 4096, "in": ["a", "b"]}}
+        "lookup.layout.hidden": {"a": 3072, "b": 4096, "in": ["a", "b"]}
+    }
     r = _cache(root, "explain", a.key[:10], b.key[:10])
     assert "lookup.layout.hidden: 3072 -> 4096" in r.stdout
     assert "variant" not in r.stdout  # only what differs
@@ -113,17 +117,23 @@ def test_gc_dry_run_lists_exactly_what_gc_removes_lru_first(tmp_path) -> None:
     store = Store.at(root)
     shared = rng.randbytes(5000)
     pairs = [make_pair(rng, size=5000) for _ in range(6)]
-    pairs += [(make_entry(shared, rand_key(rng)), shared), (make_entry(shared, rand_key(rng)), shared)]
+    pairs += [
+        (make_entry(shared, rand_key(rng)), shared),
+        (make_entry(shared, rand_key(rng)), shared),
+    ]
     for e, d in pairs:
         store.publish(e, d)
     for i, (e, _) in enumerate(pairs):  # pairs[0] is the least recently used
         _age(store, e, 1_700_000_000 + 1000 * i)
     _age(store, pairs[6][0], 1_700_000_000 + 100)  # the shared blob is old via one entry...
-    os.utime(store.layers[0].entry_path(pairs[7][0].key), (1_800_000_000,) * 2)  # ...new via another
+    os.utime(
+        store.layers[0].entry_path(pairs[7][0].key), (1_800_000_000,) * 2
+    )  # ...new via another
     orphan = rng.randbytes(777)
     Store.at(root).publish(make_entry(orphan, rand_key(rng)), orphan)
-    orphan_entry = next(p for p in root.rglob("*.json")
-                        if p.name not in {e.key + ".json" for e, _ in pairs})
+    orphan_entry = next(
+        p for p in root.rglob("*.json") if p.name not in {e.key + ".json" for e, _ in pairs}
+    )
     orphan_entry.unlink()  # as if killed between blob and entry
     temp = root / "v1" / "blobs" / "ab" / f"{TEMP_PREFIX}x.123.abcd"
     temp.parent.mkdir(parents=True, exist_ok=True)
@@ -145,8 +155,9 @@ def test_gc_dry_run_lists_exactly_what_gc_removes_lru_first(tmp_path) -> None:
     assert kinds.count("temp") == 1 and kinds.count("corrupt-entry") == 1
     # the blob no entry had, and the corrupt entry's blob once that entry is gone
     assert {x["path"] for x in removed.values() if x["kind"] == "orphan-blob"} == {
-        str(store.layers[0].blob_path(s)) for s in (make_entry(orphan, "0" * 64).blob.sha256,
-                                                     pairs[3][0].blob.sha256)}
+        str(store.layers[0].blob_path(s))
+        for s in (make_entry(orphan, "0" * 64).blob.sha256, pairs[3][0].blob.sha256)
+    }
     lru = [x["key"] for x in r_layer["removed"] if x["kind"] == "lru-entry"]
     survivors = [e.key for e, _ in pairs if e.key not in lru and e.key != pairs[3][0].key]
     # 7 intact entries of about 2 KiB, 6 blobs of 5000 bytes (one shared): down to 20 KiB
@@ -195,9 +206,19 @@ def test_clear_refuses_without_yes_off_a_terminal_and_keeps_locks(filled) -> Non
     assert json.loads(_cache(root, "ls", "--json").stdout) == []
 
 
-@pytest.mark.parametrize("text,n", [("1024", 1024), ("500M", 500 << 20), ("2G", 2 << 30),
-                                    ("10k", 10240), ("1.5G", 3 << 29), ("7MiB", 7 << 20),
-                                    ("0", 0), ("3 MB", 3 << 20)])
+@pytest.mark.parametrize(
+    "text,n",
+    [
+        ("1024", 1024),
+        ("500M", 500 << 20),
+        ("2G", 2 << 30),
+        ("10k", 10240),
+        ("1.5G", 3 << 29),
+        ("7MiB", 7 << 20),
+        ("0", 0),
+        ("3 MB", 3 << 20),
+    ],
+)
 def test_sizes(text, n) -> None:
     assert SizeType().convert(text, None, None) == n
 

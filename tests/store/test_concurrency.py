@@ -24,8 +24,10 @@ def test_eight_processes_missing_the_same_key_build_it_once(tmp_path) -> None:
     key = rand_key()
     log = tmp_path / "builds.log"
     start_at = time.time() + 2.0  # every process is imported and waiting by then
-    procs = [worker("get-or-build", str(tmp_path / "store"), key, str(log), str(start_at))
-             for _ in range(8)]
+    procs = [
+        worker("get-or-build", str(tmp_path / "store"), key, str(log), str(start_at))
+        for _ in range(8)
+    ]
     results = []
     for p in procs:
         out, err = p.communicate(timeout=120)
@@ -40,8 +42,9 @@ def test_eight_processes_missing_the_same_key_build_it_once(tmp_path) -> None:
     assert hashlib.sha256(hit.data).hexdigest() == results[0]["sha256"]
 
 
-def test_a_waiter_names_the_holder_and_a_killed_holder_never_blocks(tmp_path, monkeypatch,
-                                                                      caplog) -> None:
+def test_a_waiter_names_the_holder_and_a_killed_holder_never_blocks(
+    tmp_path, monkeypatch, caplog
+) -> None:
     root, key = tmp_path / "store", rand_key()
     holder = worker("hold-lock", str(root), key, "600")
     try:
@@ -65,8 +68,14 @@ def test_a_waiter_names_the_holder_and_a_killed_holder_never_blocks(tmp_path, mo
             holder.wait()
 
 
-POINTS = ["blob-partial", "blob-written", "blob-visible", "entry-partial", "entry-written",
-          "entry-visible"]
+POINTS = [
+    "blob-partial",
+    "blob-written",
+    "blob-visible",
+    "entry-partial",
+    "entry-written",
+    "entry-visible",
+]
 
 
 def _wait_for_pause(p, point: str, timeout: float = 60.0) -> None:
@@ -99,13 +108,20 @@ def test_publishers_killed_at_random_points_never_expose_partial_results(tmp_pat
         attempted[key].add(hashlib.sha256(data).hexdigest())
         if trial < 36:
             point = POINTS[trial % 6]
-            p = worker("publish", str(root), key, str(seed), str(size),
-                       env={TEST_PAUSE_ENV: f"{point}=600"})
+            p = worker(
+                "publish",
+                str(root),
+                key,
+                str(seed),
+                str(size),
+                env={TEST_PAUSE_ENV: f"{point}=600"},
+            )
             _wait_for_pause(p, point)
             landed[point] = landed.get(point, 0) + 1
         else:
-            p = worker("publish", str(root), key, str(seed), str(size),
-                       env={TEST_PAUSE_ENV: "*=0.003"})
+            p = worker(
+                "publish", str(root), key, str(seed), str(size), env={TEST_PAUSE_ENV: "*=0.003"}
+            )
             time.sleep(rng.uniform(0.0, 0.4))
         p.send_signal(signal.SIGKILL)
         p.communicate(timeout=60)
@@ -125,4 +141,3 @@ def test_publishers_killed_at_random_points_never_expose_partial_results(tmp_pat
     assert {r.path for r in plan.removals if r.kind == "temp"} == set(temps)
     assert not list(root.rglob(f"{TEMP_PREFIX}*"))
     assert store.verify(all_layers=True).problems == []
-

@@ -85,7 +85,7 @@ def _mutate_entry(raw: bytes, rng: random.Random) -> tuple[str, bytes]:
         i = rng.randrange(len(b))
         b[i] = rng.choice([c for c in range(256) if c != b[i]])
     elif kind == "truncate":
-        del b[rng.randrange(len(b)):]
+        del b[rng.randrange(len(b)) :]
     elif kind == "insert":
         b.insert(rng.randrange(len(b) + 1), rng.randrange(256))
     elif kind == "delete":

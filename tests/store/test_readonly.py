@@ -64,18 +64,33 @@ class _NoWrites:
         def forbidden(name):
             def trap(*a, **k):
                 raise AssertionError(f"a lookup called {name}{a}")
+
             return trap
 
         monkeypatch.setattr(os, "open", guarded_os_open)
         monkeypatch.setattr(builtins, "open", guarded_open)
-        for name in ("rename", "replace", "unlink", "remove", "mkdir", "makedirs", "rmdir",
-                     "utime", "chmod", "ftruncate", "truncate", "symlink", "link"):
+        for name in (
+            "rename",
+            "replace",
+            "unlink",
+            "remove",
+            "mkdir",
+            "makedirs",
+            "rmdir",
+            "utime",
+            "chmod",
+            "ftruncate",
+            "truncate",
+            "symlink",
+            "link",
+        ):
             monkeypatch.setattr(os, name, forbidden(f"os.{name}"))
         monkeypatch.setattr(fcntl, "flock", forbidden("fcntl.flock"))
 
 
 def test_hits_on_a_chmod_a_minus_w_store_attempt_no_write_and_change_nothing(
-        tmp_path, monkeypatch) -> None:
+    tmp_path, monkeypatch
+) -> None:
     root = tmp_path / "store"
     pairs = _fill(root, 6, 30)
     _chmod_a_minus_w(root)
@@ -114,15 +129,27 @@ def _nobody_python(env: dict[str, str], root: Path) -> str | None:
     The venv's own interpreter may live under a directory only root can enter; then the same
     Python version from PATH runs the same code with the venv's packages on PYTHONPATH."""
     want = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    on_path = [Path(d) / n for d in os.environ.get("PATH", "").split(os.pathsep) if d
-               for n in (want, "python3")]
+    on_path = [
+        Path(d) / n
+        for d in os.environ.get("PATH", "").split(os.pathsep)
+        if d
+        for n in (want, "python3")
+    ]
     candidates = [sys.executable, *(str(p) for p in on_path if p.is_file())]
-    probe = (f"import sys, os; assert sys.version_info[:2] == {tuple(sys.version_info[:2])!r}; "
-             f"import mono_aot.store, pydantic; os.listdir({str(root)!r})")
+    probe = (
+        f"import sys, os; assert sys.version_info[:2] == {tuple(sys.version_info[:2])!r}; "
+        f"import mono_aot.store, pydantic; os.listdir({str(root)!r})"
+    )
     for exe in dict.fromkeys(c for c in candidates if c):
         try:
-            r = subprocess.run([exe, "-c", probe], env=env, cwd="/", preexec_fn=_as_nobody,
-                               capture_output=True, timeout=60)
+            r = subprocess.run(
+                [exe, "-c", probe],
+                env=env,
+                cwd="/",
+                preexec_fn=_as_nobody,
+                capture_output=True,
+                timeout=60,
+            )
         except OSError:
             continue
         if r.returncode == 0:
@@ -154,8 +181,11 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a reader as another uid; "
-                    "as a non-root user the chmod test above is already a real read-only test")
+@pytest.mark.skipif(
+    os.geteuid() != 0,
+    reason="needs root to run a reader as another uid; "
+    "as a non-root user the chmod test above is already a real read-only test",
+)
 def test_another_uid_reads_a_read_only_store_and_changes_nothing() -> None:
     top = Path(tempfile.mkdtemp(prefix="mono-aot-ro-"))  # tmp_path is private to root
     try:
@@ -173,18 +203,37 @@ def test_another_uid_reads_a_read_only_store_and_changes_nothing() -> None:
         _chmod_a_minus_w(root)
         before = snapshot(root)
         site_packages = [p for p in sys.path if p.endswith("site-packages")]
-        env = {"PATH": os.environ.get("PATH", ""), "HOME": str(top),
-               "PYTHONPATH": os.pathsep.join([str(REPO), *site_packages]),
-               "PYTHONDONTWRITEBYTECODE": "1"}
+        env = {
+            "PATH": os.environ.get("PATH", ""),
+            "HOME": str(top),
+            "PYTHONPATH": os.pathsep.join([str(REPO), *site_packages]),
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
         exe = _nobody_python(env, root)
         if exe is None:
-            pytest.skip("no Python interpreter here can be run by uid nobody and import this "
-                        "checkout (the venv's interpreter is not readable by other users)")
+            pytest.skip(
+                "no Python interpreter here can be run by uid nobody and import this "
+                "checkout (the venv's interpreter is not readable by other users)"
+            )
         missing = rand_key()
         r = subprocess.run(
-            [exe, "-c", READER, str(root), str(nocache), ",".join(e.key for e, _ in pairs),
-             bad_e.key, missing],
-            env=env, cwd="/", preexec_fn=_as_nobody, capture_output=True, text=True, timeout=120)
+            [
+                exe,
+                "-c",
+                READER,
+                str(root),
+                str(nocache),
+                ",".join(e.key for e, _ in pairs),
+                bad_e.key,
+                missing,
+            ],
+            env=env,
+            cwd="/",
+            preexec_fn=_as_nobody,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r.returncode == 0, r.stderr
         out = json.loads(r.stdout)
         assert out["writable"] is False

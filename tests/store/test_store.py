@@ -18,8 +18,10 @@ from tests.store.helpers import make_entry, make_pair, rand_key, snapshot, worke
 
 
 def _env(tmp_path, *roots) -> dict[str, str]:
-    return {"MONO_AOT_PATH": ":".join(str(r) for r in roots),
-            "MONO_AOT_CACHE_DIR": str(tmp_path / "cache")}
+    return {
+        "MONO_AOT_PATH": ":".join(str(r) for r in roots),
+        "MONO_AOT_CACHE_DIR": str(tmp_path / "cache"),
+    }
 
 
 def test_layers_in_order_and_the_hit_names_its_layer(tmp_path) -> None:
@@ -33,7 +35,10 @@ def test_layers_in_order_and_the_hit_names_its_layer(tmp_path) -> None:
     Store.at(tmp_path / "cache").publish(e2, d2)
     store = Store.default(_env(tmp_path, a, b))
     assert [(lay.kind, lay.writable) for lay in store.layers] == [
-        ("path", False), ("path", False), ("cache", True)]
+        ("path", False),
+        ("path", False),
+        ("cache", True),
+    ]
     hit = store.lookup(e1.key)
     assert hit.data == d1 and hit.layer.root == b and hit.layer.kind == "path"
     assert not hit.layer.writable
@@ -44,7 +49,8 @@ def test_layers_in_order_and_the_hit_names_its_layer(tmp_path) -> None:
 
 
 def test_damage_in_a_read_only_layer_is_skipped_left_in_place_and_the_next_layer_serves(
-        tmp_path, caplog) -> None:
+    tmp_path, caplog
+) -> None:
     rng = random.Random(11)
     e, d = make_pair(rng)
     ro = tmp_path / "ro"
@@ -153,27 +159,33 @@ def test_packs_are_found_through_entry_points(tmp_path) -> None:
     """A fake installed distribution declares packs; discovery is the real importlib one."""
     site = tmp_path / "site"
     (site / "fakepack").mkdir(parents=True)
-    (site / "fakepack" / "__init__.py").write_text(textwrap.dedent("""
+    (site / "fakepack" / "__init__.py").write_text(
+        textwrap.dedent("""
         from pathlib import Path
         STORE_A = Path(__file__).parent / "store_a"
         def store_b():
             return str(Path(__file__).parent / "store_b")
         def broken():
             raise RuntimeError("pack data missing")
-    """))
+    """)
+    )
     dist = site / "fake_pack-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-pack\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text(
         "[mono_aot.packs]\na = fakepack:STORE_A\nb = fakepack:store_b\n"
-        "c-broken = fakepack:broken\nd-module = fakepack\ne-absent = fakepack:nothing\n")
+        "c-broken = fakepack:broken\nd-module = fakepack\ne-absent = fakepack:nothing\n"
+    )
     rng = random.Random(18)
     e1, d1 = make_pair(rng)
     e2, d2 = make_pair(rng)
     Store.at(site / "fakepack" / "store_a").publish(e1, d1)
     Store.at(site / "fakepack" / "store_b").publish(e2, d2)
-    env = {"PYTHONPATH": os.pathsep.join([str(site), *sys.path]),
-           "MONO_AOT_CACHE_DIR": str(tmp_path / "cache"), "MONO_AOT_PATH": ""}
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(site), *sys.path]),
+        "MONO_AOT_CACHE_DIR": str(tmp_path / "cache"),
+        "MONO_AOT_PATH": "",
+    }
     docs = []
     for key in (e1.key, e2.key):
         p = worker("lookup", "-", key, env=env)
@@ -181,7 +193,10 @@ def test_packs_are_found_through_entry_points(tmp_path) -> None:
         assert p.returncode == 0, err
         docs.append(json.loads(out))
     assert [(x["kind"], x["label"], x["writable"]) for x in docs[0]["layers"]] == [
-        ("cache", "user cache", True), ("pack", "pack a", False), ("pack", "pack b", False)]
+        ("cache", "user cache", True),
+        ("pack", "pack a", False),
+        ("pack", "pack b", False),
+    ]
     assert docs[0]["hit"] and docs[0]["layer"] == "pack a" and docs[0]["writable"] is False
     assert docs[1]["hit"] and docs[1]["layer"] == "pack b"
     for name in ("c-broken", "d-module", "e-absent"):

@@ -20,8 +20,14 @@ from tests.store.helpers import make_entry
 def _hit_doc(hit, built=None) -> dict:
     if hit is None:
         return {"hit": False}
-    return {"hit": True, "sha256": hashlib.sha256(hit.data).hexdigest(), "size": len(hit.data),
-            "layer": hit.layer.label, "writable": hit.layer.writable, "built": built}
+    return {
+        "hit": True,
+        "sha256": hashlib.sha256(hit.data).hexdigest(),
+        "size": len(hit.data),
+        "layer": hit.layer.label,
+        "writable": hit.layer.writable,
+        "built": built,
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -49,8 +55,15 @@ def main(argv: list[str]) -> int:
     elif cmd == "lookup":  # ROOT KEY  (ROOT "-" means Store.default())
         root, key = args
         store = Store.default() if root == "-" else Store.at(root)
-        print(json.dumps({**_hit_doc(store.lookup(key)),
-                          "layers": [layer.as_json() for layer in store.layers]}), flush=True)
+        print(
+            json.dumps(
+                {
+                    **_hit_doc(store.lookup(key)),
+                    "layers": [layer.as_json() for layer in store.layers],
+                }
+            ),
+            flush=True,
+        )
     elif cmd == "build-miss":  # ROOT KEY: get_or_build of a missing key must fail, not write
         root, key = args
         store = Store.default() if root == "-" else Store.at(root)
