@@ -1,0 +1,738 @@
+"""The attention part of a drafter layer as FlyDSL device phases (K2 of issue 5).
+
+Between "the fused qkv projection is in scratch" (fp32 ``[n, qkv_rows_per_rank]``) and "the
+attention output is in scratch" (bf16 ``[n, q_rows_per_rank]``) a layer runs three phases, each
+separated from the next by the kernel's grid barrier:
+
+1. ``prep`` — per-head Gemma RMSNorm of the 16 q heads (``w_q``) and the K head (``w_k``),
+   NeoX rotary on the first ``rotary_dim`` dims of q and k (``cos_sin`` at each token's
+   position); q goes back into the qkv scratch rows in place (fp32), k and v are divided by the
+   layer's K/V scale, saturated to the arch's fp8 range, encoded with ``v_cvt_pk_fp8_f32`` and
+   written to the paged cache row of the token's slot (slot -1 writes nothing). One wave per
+   task: two q heads (a half wave each), or the token's K and V (the whole 256-byte cache row,
+   one dword per lane).
+2. ``partial`` — non-causal paged attention split over (request, KV partition). A task loads
+   every K/V byte of its partition once from the cache (16-byte loads, staged through LDS in
+   chunks of ``threads / 8`` positions) and serves all ``qpr x heads`` = 128 query rows of its
+   request (the 16 q heads share the rank's one KV head), wave w holding rows 16w..16w+15. Both
+   products run on ``v_mfma_f32_16x16x16_bf16``: ``S^T = K Q^T`` (K rows are the A operand as
+   stored, 32 contiguous bytes a lane), then ``O^T = V^T P^T`` (P comes straight out of S's
+   accumulator layout, V is transposed by choosing which dims a lane's operand holds); fp32
+   online softmax in the exp2 domain. A request whose context fits one partition writes its
+   bf16 output directly; otherwise the task stores its unnormalised fp32 output and its
+   (max, sum) per row into the ``attn_part`` / ``attn_ml`` scratch regions.
+3. ``combine`` — the log-sum-exp merge of a split request's partials into the bf16 output.
+
+The partition length is chosen at run time from the launch's total context, never below
+``abi.ATTN_PARTITION`` positions and never so short that the partitions outnumber
+``CTAs + requests`` (``abi.attn_partial_slots``), so any context length is served and tasks
+loop over the workgroups with a stride of the CTA count.
+
+Data conventions are the reference's (``mono_aot.reference``): fp8 codes as bytes in the arch's
+format, ``cache[slot // kv_block, 0, slot % kv_block, :128]`` = K, ``[128:]`` = V.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+from flydsl._mlir.dialects import llvm
+from flydsl.expr import range_constexpr, rocdl
+from flydsl.expr.typing import T
+
+from mono_aot import abi
+from mono_aot.arch import arch_info
+from mono_aot.errors import MonoUnsupported
+from mono_aot.layouts import Layout, Variant, align_up
+
+WAVE = 64
+MFMA_N = 16  # rows / cols of one v_mfma_f32_16x16x16_bf16 tile
+LOG2E = 1.4426950408889634
+NEG_BIG = -1.0e30  # the running max before any position (finite: exp2(NEG_BIG - m) is 0)
+K_ROW_PAD = 16  # LDS bytes after each staged K row: conflict-free 16-byte reads of 8 rows
+CACHE_ROW = 256  # bytes of one cached token of one KV head: K 0..127, V 128..255
+
+# health word H_WHAT for the attention phases: layer * 16 + one of these
+WHAT_KV_WRITE = 8
+WHAT_ATTENTION = 9
+
+G = fx.AddressSpace.Global
+S = fx.AddressSpace.Shared
+
+
+@dataclass(frozen=True)
+class AttnGeometry:
+    """Every compile-time number the attention phases use, derived from the layout once."""
+
+    arch: str
+    ctas: int
+    threads: int
+    waves: int
+    head_dim: int
+    heads: int  # q heads of this rank
+    qpr: int
+    rows: int  # query rows of one request: qpr * heads
+    rotary: int
+    kv_block: int
+    qkv_rows: int
+    q_rows: int
+    eps: float
+    max_reqs: int  # most requests one launch of the variant carries
+    fp8_max: float
+    chunk: int  # KV positions staged in LDS per step
+    min_partition: int
+    slots: int  # partial-result slots in scratch
+    off_qkv: int
+    off_attn: int
+    off_part: int
+    off_ml: int
+
+    @property
+    def k_stride(self) -> int:
+        return self.head_dim + K_ROW_PAD
+
+    @property
+    def v_base(self) -> int:
+        """LDS byte offset of the staged V rows (after the K rows)."""
+        return self.chunk * self.k_stride
+
+    @property
+    def lds_bytes(self) -> int:
+        return self.v_base + self.chunk * self.head_dim
+
+    @property
+    def prep_tasks_per_token(self) -> int:
+        """Wave tasks of the prep phase per token: q head pairs, then K+V."""
+        return self.heads // 2 + 1
+
+    @classmethod
+    def build(cls, layout: Layout, arch: str, variant: Variant) -> AttnGeometry:
+        m, s = layout.model, layout.serving
+        threads = layout.kernel.threads
+        waves = threads // WAVE
+        heads = layout.q_heads_per_rank
+        problems = []
+        if m.head_dim != 128:
+            problems.append(f"head_dim {m.head_dim} (the MFMA operand layout is written for 128)")
+        if layout.kv_heads_per_rank != 1:
+            problems.append(f"{layout.kv_heads_per_rank} KV heads per rank (written for 1)")
+        if s.qpr * heads != MFMA_N * waves:
+            problems.append(
+                f"qpr x q heads per rank = {s.qpr * heads} query rows per request, but the "
+                f"{waves} waves of a workgroup hold {MFMA_N * waves} (16 each)"
+            )
+        if heads % 2:
+            problems.append(f"{heads} q heads per rank (the prep phase pairs them)")
+        if (m.rotary_dim // 2) % 4:
+            problems.append(f"rotary_dim {m.rotary_dim} (half of it must be a multiple of 4)")
+        if threads % (8 * MFMA_N):
+            problems.append(f"{threads} threads (staging needs a multiple of 128)")
+        if problems:
+            raise MonoUnsupported(
+                f"layout {layout.name}: the attention phases do not support " + "; ".join(problems)
+            )
+        plan = abi.scratch_plan(layout, variant)
+        chunk = threads // 8
+        return cls(
+            arch=arch,
+            ctas=layout.ctas(arch),
+            threads=threads,
+            waves=waves,
+            head_dim=m.head_dim,
+            heads=heads,
+            qpr=s.qpr,
+            rows=s.qpr * heads,
+            rotary=m.rotary_dim,
+            kv_block=s.kv_block,
+            qkv_rows=layout.qkv_rows_per_rank,
+            q_rows=layout.q_rows_per_rank,
+            eps=float(m.norm_eps),
+            max_reqs=layout.variant_reqs(variant)[1],
+            fp8_max=arch_info(arch).fp8_max,
+            chunk=chunk,
+            min_partition=align_up(abi.ATTN_PARTITION, chunk),
+            slots=abi.attn_partial_slots(layout, variant),
+            off_qkv=plan.offset("qkv"),
+            off_attn=plan.offset("attn"),
+            off_part=plan.offset("attn_part"),
+            off_ml=plan.offset("attn_ml"),
+        )
+
+
+def attention_split(g: AttnGeometry, seq_lens: list[int]) -> tuple[int, list[int]]:
+    """The split the device computes (``split_plan`` in ``attention_phases``), on the host:
+    (partition length, tasks per request). Tests use it to check the slot bound and to know
+    which requests a case splits; the kernels never call it."""
+    lens = [max(int(s), 0) for s in seq_lens]
+    per_cta = -(-sum(lens) // g.ctas)
+    part = max(-(-per_cta // g.chunk) * g.chunk, g.min_partition)
+    return part, [max(1, -(-s // part)) for s in lens]
+
+
+# ---------------------------------------------------------------- device helpers (no control flow)
+
+
+def _gptr(dt, addr, align):
+    return fx.inttoptr(fx.Pointer[dt, G, align].ir_type, addr)
+
+
+def _ld(dt, addr, count=None):
+    """A global load of ``count`` elements of ``dt`` at byte address ``addr`` (naturally aligned
+    to the whole access, so 16-byte accesses become ``global_load_dwordx4``)."""
+    n = count or 1
+    return fx.generic_load(_gptr(dt, addr, dt.width // 8 * n), count=count)
+
+
+def _st(dt, addr, value, count=1):
+    fx.generic_store(_gptr(dt, addr, dt.width // 8 * count), value)
+
+
+def _lds(ptr, align):
+    return fx.recast_iter(fx.Pointer[fx.Int32, S, align].ir_type, ptr)
+
+
+def _f32_intrinsic(name, x):
+    return fx.Float32(llvm.call_intrinsic(T.f32, name, [fx.Float32(x).ir_value()], [], []))
+
+
+def _exp2(x):
+    """``v_exp_f32`` (FlyDSL's math.exp2 needs the device library)."""
+    return _f32_intrinsic("llvm.amdgcn.exp2.f32", x)
+
+
+def _rsq(x):
+    return _f32_intrinsic("llvm.amdgcn.rsq.f32", x)
+
+
+def _maxf(a, b):
+    """max that is one ``v_max_f32`` (no NaN propagation needed: scores are finite or -inf)."""
+    return fx.Float32(fx.arith.maxnumf(fx.Float32(a), fx.Float32(b)))
+
+
+def _xor_sum(v, offsets):
+    for off in offsets:
+        v = v + fx.shuffle_xor(v, off, WAVE)
+    return v
+
+
+def _xor_max(v, offsets):
+    for off in offsets:
+        v = _maxf(v, fx.shuffle_xor(v, off, WAVE))
+    return v
+
+
+def _fp8x4_to_f32(word):
+    """The 4 fp8 codes of an i32 word (byte 0 first) as 4 fp32, in the arch's format."""
+    lo = fx.Vector(rocdl.cvt_pk_f32_fp8(T.f32x2, word, False))
+    hi = fx.Vector(rocdl.cvt_pk_f32_fp8(T.f32x2, word, True))
+    return [lo[0], lo[1], hi[0], hi[1]]
+
+
+def _bf16_pair_exact(a, b):
+    """(bf16(a), bf16(b)) in one word by dropping the low halves: exact for fp8 values."""
+    return fx.Int32(
+        rocdl.perm_b32(
+            fx.Float32(b).bitcast(fx.Int32), fx.Float32(a).bitcast(fx.Int32), fx.Int32(0x07060302)
+        )
+    )
+
+
+def _bf16x4_exact(a, b, c, d):
+    return fx.Vector.from_elements(
+        [_bf16_pair_exact(a, b), _bf16_pair_exact(c, d)], fx.Int32
+    ).bitcast(fx.Int16)
+
+
+def _bf16_bits_rne(x):
+    """The fp32 bits of ``x`` rounded to nearest even at bf16 precision (high half); finite
+    inputs only (probabilities and scaled q: no NaN handling needed)."""
+    b = fx.Float32(x).bitcast(fx.Int32)
+    return b + ((b >> 16) & 1) + 0x7FFF
+
+
+def _bf16x4_round(vals, arch):
+    """4 fp32 -> 4 bf16 (round to nearest even) as an MFMA operand: ``v_cvt_pk_bf16_f32`` on
+    gfx950, two integer ops a value and one ``v_perm_b32`` a pair where that does not exist."""
+    if arch == "gfx942":
+        r = [_bf16_bits_rne(v) for v in vals]
+        words = [fx.Int32(rocdl.perm_b32(r[1], r[0], fx.Int32(0x07060302))),
+                 fx.Int32(rocdl.perm_b32(r[3], r[2], fx.Int32(0x07060302)))]  # fmt: skip
+        return fx.Vector.from_elements(words, fx.Int32).bitcast(fx.Int16)
+    return fx.Vector.from_elements(list(vals), fx.Float32).to(fx.BFloat16).bitcast(fx.Int16)
+
+
+def _mfma(a, b, c):
+    return fx.Vector(rocdl.mfma_f32_16x16x16bf16_1k(T.vec(4, T.f32), [a, b, c]))
+
+
+def _sat(x, lim):
+    """Clamp to +-lim, keeping NaN (the reference's saturating encode)."""
+    x = (x > lim).select(fx.Float32(lim), x)
+    return (x < -lim).select(fx.Float32(-lim), x)
+
+
+def _fp8x4(vals):
+    lo = fx.Int32(rocdl.cvt_pk_fp8_f32(T.i32, vals[0], vals[1], fx.Int32(0), False))
+    return fx.Int32(rocdl.cvt_pk_fp8_f32(T.i32, vals[2], vals[3], lo, True))
+
+
+def _bf16x4_to_f32(addr):
+    w = fx.Vector(_ld(fx.Int32, addr, 2))
+    v = w.bitcast(fx.BFloat16).to(fx.Float32)
+    return [v[j] for j in range(4)]
+
+
+def _tab_i64(tab, layer, slot):
+    return fx.Int64(_ld(fx.Int64, tab + (fx.Int64(layer) * abi.TABLE_SLOTS + slot) * 8))
+
+
+# ---------------------------------------------------------------- the phases
+
+
+@dataclass(frozen=True)
+class AttentionPhases:
+    """The three device phases for one (layout, arch, variant), plus what they need from the
+    kernel around them: an LDS buffer of ``lds_bytes`` (16-byte aligned, ``lds_words`` int32)
+    and two grid barriers (after ``prep``, after ``partial``)."""
+
+    geometry: AttnGeometry
+    prep: object
+    partial: object
+    combine: object
+
+    @property
+    def lds_bytes(self) -> int:
+        return self.geometry.lds_bytes
+
+    @property
+    def lds_words(self) -> int:
+        return self.geometry.lds_bytes // 4
+
+
+def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPhases:
+    """Build the phase functions (``@flyc.jit``, inlined into the caller's kernel).
+
+    Calling convention (all runtime values are DSL values of the kernel):
+
+    - ``prep(bid, tid, layer, n, tab, scratch, cos_sin, pos, slots, health, step)``
+    - ``partial(bid, tid, lds, layer, n, bt_stride, tab, scratch, bt, seq_lens, health, step)``
+    - ``combine(bid, tid, n, scratch, seq_lens)``
+
+    ``bid``/``tid``: workgroup and thread id; ``lds``: an LDS pointer (``.ptr`` of an
+    ``fx.Array[fx.Int32, lds_words, 16]`` allocation); ``layer``, ``n`` (tokens), ``bt_stride``:
+    Int32; the rest Int64 addresses as in the kernel contract (``scratch`` is the buffer's base:
+    the regions' offsets come from ``abi.scratch_plan``).
+    """
+    g = AttnGeometry.build(layout, arch, variant)
+    D, H, QPR, R = g.head_dim, g.heads, g.qpr, g.rows
+    ROT, ROT2 = g.rotary, g.rotary // 2
+    WAVES, CTAS, KB = g.waves, g.ctas, g.kv_block
+    QKV, QR = g.qkv_rows, g.q_rows
+    TPT = g.prep_tasks_per_token
+    CHUNK, KSTR, VBASE = g.chunk, g.k_stride, g.v_base
+    MAXR = g.max_reqs
+    FP8_MAX = g.fp8_max
+    EPS = g.eps
+    INV_D = 1.0 / D
+    Q_SCALE = LOG2E / math.sqrt(D)
+    TILES = CHUNK // MFMA_N
+    ARCH = g.arch
+
+    # ---- the split plan: the same numbers in every workgroup and in both attention phases
+
+    def split_plan(n, seq_lens):
+        """(partition length, per request: (length, first task, tasks), total tasks)."""
+        reqs = n // QPR
+        lens = []
+        for i in range_constexpr(MAXR):
+            idx = fx.Int32(i) < reqs
+            at = idx.select(fx.Int32(i), fx.Int32(0))
+            s = fx.Int32(_ld(fx.Int32, seq_lens + fx.Int64(at) * 4))
+            s = (s > 0).select(s, fx.Int32(0))
+            lens.append(idx.select(s, fx.Int32(0)))
+        total = lens[0]
+        for i in range_constexpr(1, MAXR):
+            total = total + lens[i]
+        per_cta = (total + (CTAS - 1)) // CTAS
+        part = ((per_cta + (CHUNK - 1)) // CHUNK) * CHUNK
+        part = (part > g.min_partition).select(part, fx.Int32(g.min_partition))
+        reqs_info = []
+        start = fx.Int32(0)
+        for i in range_constexpr(MAXR):
+            k = (lens[i] + part - 1) // part
+            k = (k > 1).select(k, fx.Int32(1))
+            k = (fx.Int32(i) < reqs).select(k, fx.Int32(0))
+            reqs_info.append((lens[i], start, k))
+            start = start + k
+        return part, reqs_info, start
+
+    def request_of(reqs_info, i):
+        """(length, first task, tasks) of request ``i`` (a runtime index)."""
+        length, first, tasks = reqs_info[0]
+        for k in range_constexpr(1, MAXR):
+            sel = i == k
+            length = sel.select(reqs_info[k][0], length)
+            first = sel.select(reqs_info[k][1], first)
+            tasks = sel.select(reqs_info[k][2], tasks)
+        return length, first, tasks
+
+    @flyc.jit
+    def flag_bad_block(health, step, layer, what, block):
+        """Record STATUS_BAD_BLOCK once (the first failure wins; a timeout already recorded
+        stays)."""
+        hp = _gptr(fx.Int32, health, 4)
+        _, won = fx.atomic_cas(
+            hp,
+            fx.Int32(abi.STATUS_OK),
+            fx.Int32(abi.STATUS_BAD_BLOCK),
+            syncscope=rocdl.SyncScope.Agent,
+        )
+        if won:
+            _st(fx.Int32, health + abi.H_WHAT * 4, fx.Int32(layer) * 16 + what)
+            _st(fx.Int32, health + abi.H_PEER * 4, fx.Int32(block))
+            _st(fx.Int32, health + abi.H_STEP * 4, fx.Int32(_ld(fx.Int32, step)))
+
+    # ---- phase 1: q/k norms, rotary, fp8 K/V into the cache
+
+    @flyc.jit
+    def prep(bid, tid, layer, n, tab, scratch, cos_sin, pos, slots, health, step):
+        lane = tid % WAVE
+        wave = tid // WAVE
+        half = lane // 32
+        d0 = (lane % 32) * 4  # this lane's 4 dims of its head
+        w_q = _tab_i64(tab, layer, abi.T_W_Q)
+        w_k = _tab_i64(tab, layer, abi.T_W_K)
+        k_scale = fx.Float32(_ld(fx.Float32, _tab_i64(tab, layer, abi.T_K_SCALE)))
+        v_scale = fx.Float32(_ld(fx.Float32, _tab_i64(tab, layer, abi.T_V_SCALE)))
+        cache = _tab_i64(tab, layer, abi.T_CACHE)
+        nblk = _tab_i64(tab, layer, abi.T_NBLK)
+        qkv = scratch + g.off_qkv
+        # rotary bookkeeping of this lane's dims (the same for every head)
+        in_rot = d0 < ROT
+        first = d0 < ROT2
+        pd0 = first.select(d0 + ROT2, d0 - ROT2)
+        pd0 = in_rot.select(pd0, d0)
+        cidx = first.select(d0, d0 - ROT2)
+        cidx = in_rot.select(cidx, fx.Int32(0))
+        tau = bid * WAVES + wave
+        while tau < n * TPT:
+            t = tau // TPT
+            j = tau % TPT
+            is_q = j < (H // 2)
+            is_v = (~is_q) & (half == 1)
+            col = is_q.select((j * 2 + half) * D, (half + H) * D)
+            row = qkv + fx.Int64(t) * (QKV * 4)
+            x = fx.Vector(_ld(fx.Float32, row + fx.Int64(col + d0) * 4, 4))
+            xp = fx.Vector(_ld(fx.Float32, row + fx.Int64(col + pd0) * 4, 4))
+            wbase = is_q.select(w_q, w_k)
+            w = _bf16x4_to_f32(wbase + fx.Int64(d0) * 2)
+            wp = _bf16x4_to_f32(wbase + fx.Int64(pd0) * 2)
+            ss = x[0] * x[0] + x[1] * x[1] + x[2] * x[2] + x[3] * x[3]
+            ss = _xor_sum(ss, (1, 2, 4, 8, 16))  # the 32 lanes of this half wave = one head
+            rstd = _rsq(ss * INV_D + EPS)
+            p = fx.Int32(_ld(fx.Int32, pos + fx.Int64(t) * 8))  # low word of the int64 position
+            cs = cos_sin + fx.Int64(p) * (ROT * 2)
+            c = _bf16x4_to_f32(cs + fx.Int64(cidx) * 2)
+            sn = _bf16x4_to_f32(cs + fx.Int64(cidx + ROT2) * 2)
+            y = []
+            for e in range_constexpr(4):
+                yn = x[e] * rstd * (w[e] + 1.0)
+                ypn = xp[e] * rstd * (wp[e] + 1.0)
+                rot = first.select(yn * c[e] - ypn * sn[e], yn * c[e] + ypn * sn[e])
+                yn = in_rot.select(rot, yn)
+                y.append(is_v.select(x[e], yn))
+            if is_q:
+                _st(
+                    fx.Float32,
+                    row + fx.Int64(col + d0) * 4,
+                    fx.Vector.from_elements(y, fx.Float32),
+                    4,
+                )
+            else:
+                scale = is_v.select(v_scale, k_scale)
+                code = _fp8x4([_sat(y[e] / scale, FP8_MAX) for e in range(4)])
+                slot = fx.Int64(_ld(fx.Int64, slots + fx.Int64(t) * 8))
+                if slot >= 0:
+                    if slot < nblk * KB:
+                        _st(fx.Int32, cache + slot * CACHE_ROW + fx.Int64(half * 128 + d0), code)
+                    else:
+                        if lane == 0:
+                            flag_bad_block(health, step, layer, WHAT_KV_WRITE, fx.Int32(slot // KB))
+            tau = tau + CTAS * WAVES
+
+    # ---- phase 2: partial attention per (request, partition)
+
+    @flyc.jit
+    def stage_load(c0, p1, req, bt_stride, bt, cache, nblk, srow, seg, health, step, layer):
+        """This thread's 32 bytes of the cache row of position c0 + srow (zeros past p1 or for
+        a bad block, which is never dereferenced)."""
+        pos = c0 + srow
+        valid = pos < p1
+        bidx = valid.select(pos // KB, fx.Int32(0))
+        blk = fx.Int32(
+            _ld(fx.Int32, bt + (fx.Int64(req) * fx.Int64(bt_stride) + fx.Int64(bidx)) * 4)
+        )
+        good = valid & (blk >= 0) & (fx.Int64(blk) < nblk)
+        safe = good.select(blk, fx.Int32(0))
+        addr = cache + (fx.Int64(safe) * KB + fx.Int64(pos % KB)) * CACHE_ROW + fx.Int64(seg * 32)
+        v0 = fx.Vector(_ld(fx.Int32, addr, 4))
+        v1 = fx.Vector(_ld(fx.Int32, addr + 16, 4))
+        zero = fx.Vector.filled((4,), 0, fx.Int32)
+        v0 = good.select(v0, zero)
+        v1 = good.select(v1, zero)
+        if valid & (~good):
+            flag_bad_block(health, step, layer, WHAT_ATTENTION, blk)
+        return v0, v1
+
+    def chunk_math(lds, c0, p1, nn, grp, qb, acc, m, lsum):
+        """One staged chunk: scores, online softmax update, P V; returns (acc, m, lsum)."""
+        lk = _lds(lds, 16)
+        lv = _lds(lds, 8)
+        sc = []
+        for tile in range_constexpr(TILES):
+            kw = (tile * MFMA_N + nn) * (KSTR // 4) + grp * 8  # int32 words
+            k0 = fx.Vector(fx.generic_load(lk + kw, count=4))
+            k1 = fx.Vector(fx.generic_load(lk + (kw + 4), count=4))
+            words = [k0[0], k0[1], k0[2], k0[3], k1[0], k1[1], k1[2], k1[3]]
+            s = fx.Vector.filled((4,), 0.0, fx.Float32)
+            for st in range_constexpr(8):
+                f = _fp8x4_to_f32(words[st])
+                s = _mfma(_bf16x4_exact(f[0], f[1], f[2], f[3]), qb[st], s)
+            for j in range_constexpr(4):
+                ok = (c0 + (tile * MFMA_N + j) + grp * 4) < p1
+                sc.append(ok.select(s[j], fx.Float32(-math.inf)))
+        mx = sc[0]
+        for e in range_constexpr(1, len(sc)):
+            mx = _maxf(mx, sc[e])
+        mx = _xor_max(mx, (16, 32))
+        m_new = _maxf(m, mx)
+        alpha = _exp2(m - m_new)
+        pr = [_exp2(v - m_new) for v in sc]
+        ps = pr[0]
+        for e in range_constexpr(1, len(pr)):
+            ps = ps + pr[e]
+        lsum = lsum * alpha + ps
+        acc = [a * alpha for a in acc]
+        for tile in range_constexpr(TILES):
+            pb = _bf16x4_round(pr[tile * 4 : tile * 4 + 4], ARCH)
+            vals = []
+            for j in range_constexpr(4):
+                vw = (VBASE // 4) + (tile * MFMA_N + grp * 4 + j) * (D // 4) + nn * 2
+                v = fx.Vector(fx.generic_load(lv + vw, count=2))
+                vals.append(_fp8x4_to_f32(v[0]) + _fp8x4_to_f32(v[1]))
+            acc = [
+                _mfma(_bf16x4_exact(vals[0][t], vals[1][t], vals[2][t], vals[3][t]), pb, acc[t])
+                for t in range(8)
+            ]
+        return acc, m_new, lsum
+
+    @flyc.jit
+    def partial(bid, tid, lds, layer, n, bt_stride, tab, scratch, bt, seq_lens, health, step):
+        lane = tid % WAVE
+        wave = tid // WAVE
+        nn = lane % MFMA_N  # the query row of this lane within its wave's 16
+        grp = lane // MFMA_N  # which quarter of the dims / positions
+        part, reqs_info, ntasks = split_plan(n, seq_lens)
+        cache = _tab_i64(tab, layer, abi.T_CACHE)
+        nblk = _tab_i64(tab, layer, abi.T_NBLK)
+        k_scale = fx.Float32(_ld(fx.Float32, _tab_i64(tab, layer, abi.T_K_SCALE)))
+        v_scale = fx.Float32(_ld(fx.Float32, _tab_i64(tab, layer, abi.T_V_SCALE)))
+        q_scale = k_scale * Q_SCALE  # scores in log2 units, K's scale folded in
+        srow = tid // 8  # staging: this thread's row of the chunk and 32-byte segment
+        seg = tid % 8
+        st_word = (seg < 4).select(
+            srow * (KSTR // 4) + seg * 8, (VBASE // 4) + srow * (D // 4) + (seg - 4) * 8
+        )
+        lst = _lds(lds, 16)
+        r = wave * MFMA_N + nn  # query row of the request
+        tok_in_req = r // H
+        head = r % H
+        tau = bid
+        while tau < ntasks:
+            # the task's request: the number of requests whose tasks end at or before tau
+            req = fx.Int32(0)
+            for k in range_constexpr(MAXR - 1):
+                end = reqs_info[k][1] + reqs_info[k][2]
+                req = req + (tau >= end).select(fx.Int32(1), fx.Int32(0))
+            length, first, tasks = request_of(reqs_info, req)
+            p0 = (tau - first) * part
+            p1 = p0 + part
+            p1 = (p1 < length).select(p1, length)
+            tok = req * QPR + tok_in_req
+            # q of this lane's row, dims 32*grp .. +32, scaled, as 8 bf16x4 MFMA operands
+            qa = scratch + g.off_qkv + (fx.Int64(tok) * QKV + fx.Int64(head * D + grp * 32)) * 4
+            qf = []
+            for u in range_constexpr(8):
+                v = fx.Vector(_ld(fx.Float32, qa + u * 16, 4))
+                qf += [v[0] * q_scale, v[1] * q_scale, v[2] * q_scale, v[3] * q_scale]
+            qb = [_bf16x4_round(qf[4 * st : 4 * st + 4], ARCH) for st in range(8)]
+            acc = [fx.Vector.filled((4,), 0.0, fx.Float32) for _ in range(8)]
+            m = fx.Float32(NEG_BIG)
+            lsum = fx.Float32(0.0)
+            c0 = p0
+            pre0, pre1 = stage_load(
+                c0, p1, req, bt_stride, bt, cache, nblk, srow, seg, health, step, layer
+            )
+            while c0 < p1:
+                fx.gpu.barrier()  # the previous chunk (or task) is done with the LDS rows
+                fx.generic_store(lst + st_word, pre0)
+                fx.generic_store(lst + (st_word + 4), pre1)
+                fx.gpu.barrier()
+                pre0, pre1 = stage_load(
+                    c0 + CHUNK, p1, req, bt_stride, bt, cache, nblk, srow, seg, health, step, layer
+                )
+                acc, m, lsum = chunk_math(lds, c0, p1, nn, grp, qb, acc, m, lsum)
+                c0 = c0 + CHUNK
+            ltot = _xor_sum(lsum, (16, 32))
+            # lane holds O^T[dim 32*grp + 8*j + t][row r] in acc[t][j]
+            out = [acc[e % 8][e // 8] * v_scale for e in range(32)]
+            if tasks == 1:
+                inv = (ltot > 0.0).select(1.0 / ltot, fx.Float32(0.0))
+                dst = (
+                    scratch + g.off_attn + (fx.Int64(tok) * QR + fx.Int64(head * D + grp * 32)) * 2
+                )
+                for u in range_constexpr(4):
+                    b = fx.Vector.from_elements(
+                        [out[8 * u + e] * inv for e in range(8)], fx.Float32
+                    )
+                    _st(fx.Int32, dst + u * 16, b.to(fx.BFloat16).bitcast(fx.Int32), 4)
+            else:
+                prow = fx.Int64(tau) * R + fx.Int64(r)
+                dst = scratch + g.off_part + (prow * D + fx.Int64(grp * 32)) * 4
+                for u in range_constexpr(8):
+                    _st(
+                        fx.Float32,
+                        dst + u * 16,
+                        fx.Vector.from_elements(out[4 * u : 4 * u + 4], fx.Float32),
+                        4,
+                    )
+                if grp == 0:
+                    _st(
+                        fx.Float32,
+                        scratch + g.off_ml + prow * 8,
+                        fx.Vector.from_elements([m, ltot], fx.Float32),
+                        2,
+                    )
+            tau = tau + CTAS
+
+    # ---- phase 3: merge the partitions of split requests
+
+    @flyc.jit
+    def combine(bid, tid, n, scratch, seq_lens):
+        lane = tid % WAVE
+        wave = tid // WAVE
+        part, reqs_info, ntasks = split_plan(n, seq_lens)
+        kappa = bid * WAVES + wave  # one (token, head) row per wave, 2 dims per lane
+        while kappa < n * H:
+            tok = kappa // H
+            head = kappa % H
+            req = tok // QPR
+            r = (tok % QPR) * H + head
+            length, first, tasks = request_of(reqs_info, req)
+            if tasks > 1:
+                m_run = fx.Float32(NEG_BIG)
+                l_run = fx.Float32(0.0)
+                a0 = fx.Float32(0.0)
+                a1 = fx.Float32(0.0)
+                q = fx.Int32(0)
+                while q < tasks:
+                    prow = fx.Int64(first + q) * R + fx.Int64(r)
+                    ml = fx.Vector(_ld(fx.Float32, scratch + g.off_ml + prow * 8, 2))
+                    o = fx.Vector(
+                        _ld(
+                            fx.Float32,
+                            scratch + g.off_part + (prow * D + fx.Int64(lane * 2)) * 4,
+                            2,
+                        )
+                    )
+                    m_new = _maxf(m_run, ml[0])
+                    wa = _exp2(m_run - m_new)
+                    wb = _exp2(ml[0] - m_new)
+                    a0 = a0 * wa + o[0] * wb
+                    a1 = a1 * wa + o[1] * wb
+                    l_run = l_run * wa + ml[1] * wb
+                    m_run = m_new
+                    q = q + 1
+                inv = (l_run > 0.0).select(1.0 / l_run, fx.Float32(0.0))
+                b = (
+                    fx.Vector.from_elements([a0 * inv, a1 * inv], fx.Float32)
+                    .to(fx.BFloat16)
+                    .bitcast(fx.Int32)
+                )
+                _st(
+                    fx.Int32,
+                    scratch + g.off_attn + (fx.Int64(tok) * QR + fx.Int64(head * D + lane * 2)) * 2,
+                    b[0],
+                )
+            kappa = kappa + CTAS * WAVES
+
+    return AttentionPhases(geometry=g, prep=prep, partial=partial, combine=combine)
+
+
+# ---------------------------------------------------------------- standalone probe kernel
+
+PROBE_KERNEL = "attn_probe"
+# argument list of the standalone kernel (tests pack it by this order)
+PROBE_ARGS = (
+    "scratch", "tab", "cos_sin", "bt", "pos", "slots", "seq_lens", "step", "health",
+    "layer", "bt_stride", "n", "phase",
+)  # fmt: skip
+PROBE_PHASES = {"prep": 0, "partial": 1, "combine": 2}
+_CURRENT_STREAM = fx.Stream(None)  # the caller's current stream unless one is passed
+
+
+def probe_launcher(layout: Layout, arch: str, variant: Variant):
+    """A kernel that runs one attention phase per launch (``phase`` 0, 1, 2): launching the
+    three in order on one stream puts a kernel boundary where the megakernel has its grid
+    barriers. Used by the compile/ISA tests and the GPU test against the reference."""
+    ph = attention_phases(layout, arch, variant)
+    ctas, threads, words = ph.geometry.ctas, ph.geometry.threads, ph.lds_words
+
+    @flyc.kernel(known_block_size=[threads, 1, 1])
+    def attn_probe(
+        scratch: fx.Int64, tab: fx.Int64, cos_sin: fx.Int64, bt: fx.Int64, pos: fx.Int64,
+        slots: fx.Int64, seq_lens: fx.Int64, step: fx.Int64, health: fx.Int64,
+        layer: fx.Int32, bt_stride: fx.Int32, n: fx.Int32, phase: fx.Int32,
+    ):  # fmt: skip
+        bid = fx.block_idx.x
+        tid = fx.thread_idx.x
+        lds = fx.SharedAllocator().allocate(fx.Array[fx.Int32, words, 16]).peek().ptr
+        if phase == 0:
+            ph.prep(bid, tid, layer, n, tab, scratch, cos_sin, pos, slots, health, step)
+        if phase == 1:
+            ph.partial(bid, tid, lds, layer, n, bt_stride, tab, scratch, bt, seq_lens, health, step)
+        if phase == 2:
+            ph.combine(bid, tid, n, scratch, seq_lens)
+
+    @flyc.jit
+    def launch_attn_probe(
+        scratch: fx.Int64, tab: fx.Int64, cos_sin: fx.Int64, bt: fx.Int64, pos: fx.Int64,
+        slots: fx.Int64, seq_lens: fx.Int64, step: fx.Int64, health: fx.Int64,
+        layer: fx.Int32, bt_stride: fx.Int32, n: fx.Int32, phase: fx.Int32,
+        stream: fx.Stream = _CURRENT_STREAM,
+    ):  # fmt: skip
+        attn_probe(
+            scratch,
+            tab,
+            cos_sin,
+            bt,
+            pos,
+            slots,
+            seq_lens,
+            step,
+            health,
+            layer,
+            bt_stride,
+            n,
+            phase,
+        ).launch(grid=(ctas, 1, 1), block=(threads, 1, 1), stream=stream)
+
+    return launch_attn_probe
+
+
+def probe_trace_args(layout: Layout, variant: Variant) -> tuple:
+    """Placeholder values for COMPILE_ONLY tracing of the probe kernel."""
+    return (0,) * 9 + (0, 1, layout.variant_tokens(variant), 0)
