@@ -27,6 +27,11 @@ class ArchInfo:
     # the same 512-entry file, and the code object's .vgpr_count is already the unified total
     # (arch VGPRs aligned to 4, plus AGPRs).
     vgpr_alloc_granule: int = 8
+    # SGPRs: each SIMD has 800 (gfx9 family), allocated per wave in blocks of 16; the code
+    # object's .sgpr_count includes the reserved VCC/FLAT_SCRATCH/XNACK registers, so it may
+    # exceed the 102 addressable ones (sgprs_per_wave) in a valid kernel.
+    sgprs_per_simd: int = 800
+    sgpr_alloc_granule: int = 16
 
 
 ARCHS: dict[str, ArchInfo] = {

@@ -9,6 +9,7 @@ FlyDSL and never the build code, because the runtime imports it.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 from dataclasses import dataclass
@@ -69,28 +70,100 @@ def source_digest(sources: tuple[tuple[str, Path], ...]) -> str:
     return h.hexdigest()
 
 
-def _contract_sources() -> list[tuple[str, Path]]:
-    return [(rel, _PROJECT_ROOT / rel) for rel in CONTRACT_MODULES]
+def _module_file(dotted: str) -> Path | None:
+    """The project file of ``mono_aot.x.y``, if it is one."""
+    parts = dotted.split(".")
+    if parts[0] != "mono_aot":
+        return None
+    base = _PROJECT_ROOT.joinpath(*parts)
+    for cand in (base.with_suffix(".py"), base / "__init__.py"):
+        if cand.is_file():
+            return cand
+    return None
+
+
+def _imported_project_files(path: Path) -> set[Path]:
+    """Project modules ``path`` imports anywhere in its body (function-level imports too)."""
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (SyntaxError, ValueError):
+        return set()  # the worker reports the syntax error; the digest still covers the file
+    pkg = (
+        path.relative_to(_PROJECT_ROOT).with_suffix("").parts[:-1]
+        if _PACKAGE_DIR in path.parents
+        else ()
+    )
+    found: set[Path] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                mod = alias.name.split(".")
+                for i in range(1, len(mod) + 1):  # import a.b.c runs a, a.b and a.b.c
+                    f = _module_file(".".join(mod[:i]))
+                    if f is not None and i > 1:
+                        found.add(f)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = list(pkg[: len(pkg) - node.level + 1])
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            if not mod.startswith("mono_aot"):
+                continue
+            for alias in node.names:
+                sub = _module_file(f"{mod}.{alias.name}")
+                if sub is not None:
+                    found.add(sub)  # from mono_aot import abi: the submodule
+                    continue
+                f = _module_file(mod)
+                if f is not None and (mod != "mono_aot" or alias.name != "*"):
+                    found.add(f)
+    return found
+
+
+def _closure(files: list[Path]) -> list[Path]:
+    """``files`` plus every project module they import, transitively."""
+    seen: set[Path] = set()
+    todo = [p.resolve() for p in files] + [
+        (_PROJECT_ROOT / rel).resolve() for rel in CONTRACT_MODULES
+    ]
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        todo.extend(_imported_project_files(p) - seen)
+    return sorted(seen)
+
+
+def _rel(p: Path, provider_dir: Path | None) -> str:
+    """The path that enters the digest: ``mono_aot/...`` for the package's files (as installed
+    anywhere), ``provider/...`` for a directory provider's own files (wherever it was copied)."""
+    if provider_dir is not None and provider_dir in p.parents:
+        return f"provider/{p.relative_to(provider_dir).as_posix()}"
+    return p.relative_to(_PROJECT_ROOT).as_posix()
+
+
+def _py_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*.py") if "__pycache__" not in p.parts)
 
 
 def real_provider() -> Provider:
-    """``mono_aot.kernels``: every ``*.py`` under it plus the contract modules (from files, not
-    imports, so this works with no FlyDSL)."""
-    kdir = _PACKAGE_DIR / "kernels"
-    files = sorted(p for p in kdir.rglob("*.py") if "__pycache__" not in p.parts)
-    srcs = [(p.relative_to(_PROJECT_ROOT).as_posix(), p) for p in files]
-    return Provider(REAL_PROVIDER, tuple(srcs + _contract_sources()))
+    """``mono_aot.kernels``: every ``*.py`` under it, the contract modules and every project
+    module those import (found by reading the files, not importing them, so it works with no
+    FlyDSL)."""
+    files = _closure(_py_files(_PACKAGE_DIR / "kernels"))
+    return Provider(REAL_PROVIDER, tuple((_rel(p, None), p) for p in files))
 
 
 def directory_provider(directory: Path, module: str) -> Provider:
     """A provider living in ``directory`` (tests' fixture kernels): module ``module`` importable
-    with ``directory`` on ``sys.path``; its sources are the directory's ``*.py`` plus the
-    contract modules."""
+    with ``directory`` on ``sys.path``; its sources are the directory's ``*.py`` plus the project
+    modules they (and the contract) import."""
     d = Path(directory).resolve()
-    files = sorted(p for p in d.rglob("*.py") if "__pycache__" not in p.parts)
-    srcs = [(f"provider/{p.relative_to(d).as_posix()}", p) for p in files]
+    files = _closure(_py_files(d))
     return Provider(
-        module, tuple(srcs + _contract_sources()), search_path=d, uses_abi_contract=False
+        module, tuple((_rel(p, d), p) for p in files), search_path=d, uses_abi_contract=False
     )
 
 

@@ -70,8 +70,12 @@ def coresidency(meta: KernelMeta, threads: int, info: ArchInfo, dynamic_lds: int
             f"{regs * per_simd} > {info.vgprs_per_simd} per SIMD (at most "
             f"{info.vgprs_per_simd // per_simd} per wave)"
         )
-    if meta.sgpr > info.sgprs_per_wave:
-        out.append(f"SGPRs: {meta.sgpr} > {info.sgprs_per_wave} per wave")
+    sregs = align_up(max(meta.sgpr, 1), info.sgpr_alloc_granule)
+    if sregs * per_simd > info.sgprs_per_simd:
+        out.append(
+            f"SGPRs: {meta.sgpr} round to {sregs} per wave; {per_simd} waves per SIMD need "
+            f"{sregs * per_simd} > {info.sgprs_per_simd}"
+        )
     lds = meta.lds + dynamic_lds
     if lds > info.lds_bytes_per_cu:
         how = f" ({meta.lds} static + {dynamic_lds} dynamic)" if dynamic_lds else ""

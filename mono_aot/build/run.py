@@ -151,8 +151,12 @@ def compile_and_check(
     )
     assert res.metadata is not None
     kernargs = contract_kernargs(provider, job.layout, res.worker)
+    # FlyDSL names a kernel ``<function>_0``, or exactly ``name`` given to @flyc.kernel(name=...)
+    base = str(res.worker.get("kernel_function"))
+    present = {k.name for k in res.metadata.kernels}
+    kernel = next((n for n in (base, f"{base}_0") if n in present), f"{base}_0")
     exp = Expectation(
-        kernel=f"{res.worker.get('kernel_function')}_0",
+        kernel=kernel,
         arch=job.arch,
         ctas=job.layout.ctas(job.arch),
         threads=job.layout.kernel.threads,

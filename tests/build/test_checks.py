@@ -106,7 +106,11 @@ def test_each_rule_fires_with_its_numbers(narrow_942):
         (dict(meta=with_kernel(vgpr=260)), "co-residency", "264 per wave"),
         (dict(meta=with_kernel(lds=70000)), "co-residency", "70000 bytes > 65536"),
         (dict(meta=with_kernel(max_flat_workgroup_size=256)), "co-residency", "at most 256"),
-        (dict(meta=with_kernel(sgpr=110)), "co-residency", "110 > 102"),
+        (
+            dict(meta=with_kernel(sgpr=500)),
+            "co-residency",
+            "512 per wave; 2 waves per SIMD need 1024 > 800",
+        ),
     ]
     for kw, rule, needle in cases:
         got = check(
@@ -135,6 +139,7 @@ def test_coresidency_register_arithmetic():
 
     # 512 threads = 8 waves = 2 per SIMD: 256 registers per wave fit, 257 round to 264 and do not
     assert coresidency(meta(256, agpr=128), 512, info) == []
+    assert coresidency(meta(8, agpr=0), 512, info) == []  # sgpr 20: fine
     [why] = coresidency(meta(257), 512, info)
     assert "264 per wave" in why and "528 > 512" in why and "at most 256" in why
     # 1024 threads = 4 waves per SIMD: 128 per wave

@@ -159,12 +159,25 @@ def test_real_provider_sources_cover_kernels_and_contract():
     prov = real_provider()
     rels = [rel for rel, _ in prov.sources]
     assert {"mono_aot/abi.py", "mono_aot/layouts.py", "mono_aot/arch.py"} <= set(rels)
-    assert all(
-        r.startswith("mono_aot/kernels/")
-        or r in ("mono_aot/abi.py", "mono_aot/layouts.py", "mono_aot/arch.py")
-        for r in rels
-    )
+    assert all(r.startswith("mono_aot/") and r.endswith(".py") for r in rels)
     assert not any("__pycache__" in r for r in rels)
+    kernels = Path(real_provider().sources[0][1]).parent / "kernels"
+    if kernels.is_dir():
+        for f in kernels.rglob("*.py"):
+            if "__pycache__" not in f.parts:
+                assert f"mono_aot/kernels/{f.relative_to(kernels).as_posix()}" in rels
+
+
+def test_project_modules_the_kernels_import_are_sources(provider):
+    src = provider.search_path / "demo_kernels.py"
+    src.write_text(
+        src.read_text() + "\n\ndef _unused():\n    from mono_aot.paths import user_cache_root\n"
+        "    import mono_aot.toolchain\n"
+    )
+    rels = {rel for rel, _ in directory_provider(provider.search_path, "demo_kernels").sources}
+    assert {"mono_aot/paths.py", "mono_aot/toolchain.py", "mono_aot/errors.py"} <= rels
+    assert "provider/demo_kernels.py" in rels
+    assert not any(r.startswith("tests/") for r in rels)
 
 
 def test_keys_never_import_flydsl():
