@@ -250,3 +250,18 @@ def test_fixture_provider_sources_are_the_fixture_files():
     prov = directory_provider(FIXTURES / "demo", "demo_kernels")
     rels = {rel for rel, _ in prov.sources}
     assert "provider/demo_kernels.py" in rels and "mono_aot/abi.py" in rels
+
+
+def test_default_store_is_the_user_cache_and_force_rebuilds(tmp_path):
+    env = {"MONO_AOT_CACHE_DIR": str(tmp_path / "cache"), "MONO_AOT_PATH": ""}
+    args = ("build", "--provider", DEMO, "--arch", "gfx950", "--variant", "wide", "--json")
+    first = json.loads(run_cli(*args, env_extra=env).stdout)
+    [r1] = first["results"]
+    assert r1["status"] == "built" and r1["layer"] == "user cache"
+    assert len(entry_docs(tmp_path / "cache")) == 1
+    p = run_cli(*args, "--force", env_extra=env)
+    assert p.returncode == 0, p.stderr
+    [r2] = json.loads(p.stdout)["results"]
+    assert r2["status"] == "rebuilt" and r2["compiled"] and r2["reason"] == "--force"
+    assert r2["blob_sha256"] == r1["blob_sha256"]
+    assert len(entry_docs(tmp_path / "cache")) == 1
