@@ -244,8 +244,8 @@ class Layer:
             return None
         try:
             atomic_write(dest.with_name(dest.name + ".reason"), f"{path}\n{reason}\n".encode())
-        except OSError:
-            pass  # the move is what matters; the note is a courtesy
+        except OSError as e:  # the move is what matters; the note is a courtesy
+            log.debug("mono-aot: no reason note for %s: %s", dest, e)
         return dest
 
     # --- writing ---------------------------------------------------------------------------

@@ -51,12 +51,22 @@ def holder_of(path: Path) -> str:
 
 
 @contextmanager
+def _lock_file(path: Path) -> Iterator[tuple[int, bool]]:
+    """The open lock file; on exit any flock on it is released (a no-op if none) and it closes."""
+    fd, can_write = _open_lock_file(path)
+    try:
+        yield fd, can_write
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+@contextmanager
 def key_lock(
     path: Path, what: str, *, timeout: float | None = None, poll: float = 0.05
 ) -> Iterator[None]:
     """Hold the exclusive lock in ``path``; waits (polling) and reports the holder while waiting."""
-    fd, can_write = _open_lock_file(path)
-    try:
+    with _lock_file(path) as (fd, can_write):
         start = time.monotonic()
         next_notice = start + NOTICE_AFTER
         delay = poll
@@ -88,24 +98,13 @@ def key_lock(
             note = f"pid={os.getpid()} host={socket.gethostname()} since={stamp}\n".encode()
             os.ftruncate(fd, 0)
             os.pwrite(fd, note, 0)
-        try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
+        yield
 
 
 @contextmanager
 def store_lock(path: Path, *, exclusive: bool) -> Iterator[None]:
     """Publishers share this lock, gc and clear take it alone: gc never sees a blob whose entry
     is still being written, so it cannot delete a blob that an entry is about to need."""
-    fd, _ = _open_lock_file(path)
-    try:
+    with _lock_file(path) as (fd, _):
         fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
+        yield
