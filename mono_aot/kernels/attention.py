@@ -194,6 +194,12 @@ def _lds(ptr, align):
     return fx.recast_iter(fx.Pointer[fx.Int32, S, align].ir_type, ptr)
 
 
+def _uniform(v):
+    """An Int32 every lane holds alike, moved to a scalar register (so the task loops and the
+    barriers inside them are scalar branches)."""
+    return fx.Int32(rocdl.readfirstlane(T.i32, fx.Int32(v).ir_value()))
+
+
 def _f32_intrinsic(name, x):
     return fx.Float32(llvm.call_intrinsic(T.f32, name, [fx.Float32(x).ir_value()], [], []))
 
@@ -350,7 +356,7 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
         for i in range_constexpr(MAXR):
             idx = fx.Int32(i) < reqs
             at = idx.select(fx.Int32(i), fx.Int32(0))
-            s = fx.Int32(_ld(fx.Int32, seq_lens + fx.Int64(at) * 4))
+            s = _uniform(_ld(fx.Int32, seq_lens + fx.Int64(at) * 4))
             s = (s > 0).select(s, fx.Int32(0))
             lens.append(idx.select(s, fx.Int32(0)))
         total = lens[0]
@@ -465,27 +471,30 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
 
     # ---- phase 2: partial attention per (request, partition)
 
+    def block_of(c0, p1, req, bt_stride, bt, srow):
+        """The block id holding position c0 + srow (block-table column 0's for a position past
+        p1: a real entry, never used)."""
+        pos = c0 + srow
+        bidx = (pos < p1).select(pos // KB, fx.Int32(0))
+        addr = bt + (fx.Int64(req) * fx.Int64(bt_stride) + fx.Int64(bidx)) * 4
+        return fx.Int32(_ld(fx.Int32, addr))
+
     @flyc.jit
-    def stage_load(c0, p1, req, bt_stride, bt, cache, nblk, srow, seg, health, step, layer):
-        """This thread's 32 bytes of the cache row of position c0 + srow (zeros past p1 or for
-        a bad block, which is never dereferenced)."""
+    def stage_load(c0, p1, blk, cache, nblk, srow, seg, health, step, layer):
+        """This thread's 32 bytes of the cache row of position c0 + srow in block ``blk``
+        (zeros past p1 or for a block outside the cache, which is never dereferenced)."""
         pos = c0 + srow
         valid = pos < p1
-        bidx = valid.select(pos // KB, fx.Int32(0))
-        blk = fx.Int32(
-            _ld(fx.Int32, bt + (fx.Int64(req) * fx.Int64(bt_stride) + fx.Int64(bidx)) * 4)
-        )
         good = valid & (blk >= 0) & (fx.Int64(blk) < nblk)
         safe = good.select(blk, fx.Int32(0))
         addr = cache + (fx.Int64(safe) * KB + fx.Int64(pos % KB)) * CACHE_ROW + fx.Int64(seg * 32)
         v0 = fx.Vector(_ld(fx.Int32, addr, 4))
         v1 = fx.Vector(_ld(fx.Int32, addr + 16, 4))
-        zero = fx.Vector.filled((4,), 0, fx.Int32)
-        v0 = good.select(v0, zero)
-        v1 = good.select(v1, zero)
         if valid & (~good):
             flag_bad_block(health, step, layer, WHAT_ATTENTION, blk)
-        return v0, v1
+        # the caller zeroes a row that is not ``good`` when it stores it, one iteration later:
+        # a select here would make the math wait for the loads it is meant to overlap
+        return v0, v1, good.select(fx.Int32(1), fx.Int32(0))
 
     def chunk_math(lds, c0, p1, nn, grp, qb, acc, m, lsum):
         """One staged chunk: scores, online softmax update, P V; returns (acc, m, lsum)."""
@@ -572,18 +581,24 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
             acc = [fx.Vector.filled((4,), 0.0, fx.Float32) for _ in range(8)]
             m = fx.Float32(NEG_BIG)
             lsum = fx.Float32(0.0)
+            # software pipeline: chunk c0 in LDS, c0 + CHUNK in registers, the block id of
+            # c0 + 2 CHUNK in flight, so neither load's latency waits on the math
             c0 = p0
-            pre0, pre1 = stage_load(
-                c0, p1, req, bt_stride, bt, cache, nblk, srow, seg, health, step, layer
-            )
+            blk = block_of(c0, p1, req, bt_stride, bt, srow)
+            pre0, pre1, ok = stage_load(c0, p1, blk, cache, nblk, srow, seg, health, step, layer)
+            blk = block_of(c0 + CHUNK, p1, req, bt_stride, bt, srow)
+            zero = fx.Vector.filled((4,), 0, fx.Int32)
             while c0 < p1:
                 fx.gpu.barrier()  # the previous chunk (or task) is done with the LDS rows
-                fx.generic_store(lst + st_word, pre0)
-                fx.generic_store(lst + (st_word + 4), pre1)
+                keep = ok != 0
+                fx.generic_store(lst + st_word, keep.select(pre0, zero))
+                fx.generic_store(lst + (st_word + 4), keep.select(pre1, zero))
                 fx.gpu.barrier()
-                pre0, pre1 = stage_load(
-                    c0 + CHUNK, p1, req, bt_stride, bt, cache, nblk, srow, seg, health, step, layer
+                pre0, pre1, ok = stage_load(
+                    c0 + CHUNK, p1, blk, cache, nblk, srow, seg, health, step, layer
                 )
+                blk = block_of(c0 + 2 * CHUNK, p1, req, bt_stride, bt, srow)
+                rocdl.sched_barrier(0)  # issue those loads before the math, not after it
                 acc, m, lsum = chunk_math(lds, c0, p1, nn, grp, qb, acc, m, lsum)
                 c0 = c0 + CHUNK
             ltot = _xor_sum(lsum, (16, 32))
