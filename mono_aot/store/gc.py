@@ -55,7 +55,6 @@ class GcPlan:
     max_size: int
     size_before: int = 0
     removals: list[Removal] = field(default_factory=list)
-    kept_unknown: int = 0  # files in the layout gc does not recognise (left alone, counted)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -104,22 +103,20 @@ def plan_gc(layer: Layer, max_size: int) -> GcPlan:
     plan.size_before = sum(
         st.st_size for st in [*entry_files.values(), *blob_files.values()]
     ) + sum(st.st_size for _, st in quarantined)
-    garbage: list[Removal] = []
-    known: set[Path] = set()
-    for p, st in [*entry_files.items(), *blob_files.items()]:
-        if p.name.startswith(TEMP_PREFIX):
-            garbage.append(Removal("temp", p, st.st_size))
-            known.add(p)
+    garbage = [
+        Removal("temp", p, st.st_size)
+        for p, st in [*entry_files.items(), *blob_files.items()]
+        if p.name.startswith(TEMP_PREFIX)
+    ]
     garbage += [Removal("quarantine", p, st.st_size) for p, st in quarantined]
 
-    blobs = {sha: layer.blob_path(sha) for sha in layer.blob_names()}
-    known.update(blobs.values())
+    # Files gc does not recognise (not a digest name, not a temp) are counted, never removed.
+    blobs = {sha: p for sha in layer.blob_names() if (p := layer.blob_path(sha)) in blob_files}
     protected: set[str] = set()
     keep_all_blobs = False
     live: list[tuple[float, str, Path, int, str]] = []  # (last use, key, path, size, blob)
     for key in layer.keys():
         path = layer.entry_path(key)
-        known.add(path)
         st = entry_files.get(path)
         if st is None:
             continue
@@ -136,7 +133,7 @@ def plan_gc(layer: Layer, max_size: int) -> GcPlan:
             plan.notes.append(f"{path}: {problem.reason}; no unreferenced blob is removed")
         elif entry is not None:
             sha = entry.blob.sha256
-            bst = blob_files.get(blobs.get(sha, Path()))
+            bst = blob_files.get(layer.blob_path(sha))
             if bst is None:
                 garbage.append(Removal("broken-entry", path, st.st_size, key))
             else:
@@ -146,9 +143,8 @@ def plan_gc(layer: Layer, max_size: int) -> GcPlan:
         garbage += [
             Removal("orphan-blob", p, blob_files[p].st_size)
             for sha, p in blobs.items()
-            if sha not in needed and p in blob_files
+            if sha not in needed
         ]
-    plan.kept_unknown = sum(1 for p in [*entry_files, *blob_files] if p not in known)
 
     plan.removals = garbage
     size = plan.size_after

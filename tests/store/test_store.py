@@ -202,3 +202,24 @@ def test_packs_are_found_through_entry_points(tmp_path) -> None:
     for name in ("c-broken", "d-module", "e-absent"):
         assert f"pack entry point '{name}'" in err, err
     assert "pack data missing" in err
+
+
+def test_gc_keeps_what_another_schema_version_needs_and_files_it_does_not_know(tmp_path) -> None:
+    rng = random.Random(19)
+    store = Store.at(tmp_path)
+    newer, data = make_pair(rng)
+    hit = store.publish(newer, data)
+    doc = json.loads(hit.entry_path.read_bytes())
+    doc["schema_version"] = 2  # as a later mono-aot might write it, naming its blob
+    hit.entry_path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    stray = tmp_path / "v1" / "blobs" / "ab" / "NOTES.txt"
+    stray.parent.mkdir(parents=True, exist_ok=True)
+    stray.write_text("not the store's")
+    for _ in range(2):
+        store.publish(*make_pair(rng))
+    (plan,) = store.gc(0)
+    assert {r.kind for r in plan.removals} == {"lru-entry", "lru-blob"}
+    assert len(plan.removals) == 4
+    assert hit.entry_path.exists() and hit.blob_path.exists() and stray.exists()
+    assert plan.size_after == hit.entry_path.stat().st_size + len(data) + stray.stat().st_size
+    assert plan.notes and "over the 0 asked" in plan.notes[0]
