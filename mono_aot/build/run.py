@@ -201,8 +201,9 @@ def run_jobs(
 def _run_one(
     job: Job, store: Store, provider: Provider, toolchain: Toolchain, *, force: bool, timeout: float
 ) -> JobResult:
-    before = store.lookup(job.key)
-    if before is not None and not force and before.entry.build_inputs == job.build_inputs:
+    current = store.lookup(job.key, accept=lambda e: e.build_inputs == job.build_inputs)
+    before = current or store.lookup(job.key)
+    if current is not None and not force:
         return JobResult(
             job,
             HIT,

@@ -112,7 +112,8 @@ def build(
     if dry_run:
         rows = []
         for job in jobs:
-            hit = store.lookup(job.key)
+            hit = store.lookup(job.key, accept=lambda e, j=job: e.build_inputs == j.build_inputs)
+            hit = hit or store.lookup(job.key)
             if hit is None:
                 state, why = "miss", ""
             elif hit.entry.build_inputs == job.build_inputs:

@@ -45,7 +45,9 @@ def run_cli(
     )
 
 
-def build_json(store: Path, *args: str, provider: str = DEMO, expect: int | None = 0) -> dict:
+def build_json(
+    store: Path, *args: str, provider: str = DEMO, expect: int | None = 0, cwd: Path | None = None
+) -> dict:
     """Run ``mono-aot build --json`` into ``store``; return the parsed document."""
     p = run_cli(
         "build",
@@ -56,6 +58,7 @@ def build_json(store: Path, *args: str, provider: str = DEMO, expect: int | None
         "--json",
         *args,
         env_extra={"MONO_AOT_CACHE_DIR": str(store.parent / "unused-user-cache")},
+        cwd=cwd,
     )
     if expect is not None:
         assert p.returncode == expect, (

@@ -265,3 +265,24 @@ def test_default_store_is_the_user_cache_and_force_rebuilds(tmp_path):
     assert r2["status"] == "rebuilt" and r2["compiled"] and r2["reason"] == "--force"
     assert r2["blob_sha256"] == r1["blob_sha256"]
     assert len(entry_docs(tmp_path / "cache")) == 1
+
+
+def test_key_and_bytes_do_not_depend_on_where_the_sources_are(demo_store, tmp_path):
+    import shutil
+
+    moved = tmp_path / "elsewhere" / "kernels"
+    shutil.copytree(FIXTURES / "demo", moved, ignore=shutil.ignore_patterns("__pycache__"))
+    doc = build_json(
+        tmp_path / "store",
+        "--arch",
+        "gfx942",
+        "--variant",
+        "narrow",
+        provider=f"{moved}:demo_kernels",
+        cwd=tmp_path,
+    )
+    [r] = doc["results"]
+    [ref] = [
+        x for x in demo_store[1]["results"] if (x["arch"], x["variant"]) == ("gfx942", "narrow")
+    ]
+    assert (r["key"], r["blob_sha256"]) == (ref["key"], ref["blob_sha256"])
