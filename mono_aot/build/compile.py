@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,11 +146,16 @@ def compile_kernel(
             cwd=out,
             start_new_session=True,  # a timeout kill takes the worker's children too
         )
+        with _LIVE_LOCK:
+            _LIVE.add(proc)
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             rc = None
+        finally:
+            with _LIVE_LOCK:
+                _LIVE.discard(proc)
     seconds = time.perf_counter() - t0
     stderr = err_path.read_text(errors="replace")
     what = f"{provider.module} {variant} for {arch}"
@@ -180,6 +186,19 @@ def compile_kernel(
     except CodeObjectError as e:
         raise CompileError(f"{what}: the code object is unreadable: {e}", stderr, seconds) from None
     return CompileResult(code, meta, stderr, seconds, result)
+
+
+_LIVE: set[subprocess.Popen] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def kill_running_workers() -> int:
+    """Kill every compile worker this process has running (an interrupted build); how many."""
+    with _LIVE_LOCK:
+        procs = list(_LIVE)
+    for proc in procs:
+        _kill_group(proc)
+    return len(procs)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -19,7 +19,13 @@ from typing import Any
 
 from mono_aot import __version__
 from mono_aot.build.checks import Expectation, Violation, check
-from mono_aot.build.compile import DEFAULT_TIMEOUT_S, CompileError, CompileResult, compile_kernel
+from mono_aot.build.compile import (
+    DEFAULT_TIMEOUT_S,
+    CompileError,
+    CompileResult,
+    compile_kernel,
+    kill_running_workers,
+)
 from mono_aot.build.plan import Job, Toolchain, contract_kernargs, stale_reason
 from mono_aot.errors import MonoError
 from mono_aot.keys import Provider
@@ -181,21 +187,29 @@ def run_jobs(
 ) -> list[JobResult]:
     """Build every job (at most ``parallel`` compiles at once); results in plan order."""
     lock = threading.Lock()
+    stopping = threading.Event()  # interrupted: the killed jobs' reports are noise
 
     def one(job: Job) -> JobResult:
         try:
             res = _run_one(job, store, provider, toolchain, force=force, timeout=timeout)
         except Exception as e:  # noqa: BLE001 - one job's failure never stops the others
             res = JobResult(job, FAILED, reason=f"{type(e).__name__}: {e}")
-        if on_result is not None:
+        if on_result is not None and not stopping.is_set():
             with lock:
                 on_result(res)
         return res
 
-    with ThreadPoolExecutor(
-        max_workers=max(1, parallel), thread_name_prefix="mono-aot-build"
-    ) as ex:
-        return list(ex.map(one, jobs))
+    ex = ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="mono-aot-build")
+    try:
+        futures = [ex.submit(one, job) for job in jobs]
+        return [f.result() for f in futures]
+    except BaseException:  # Ctrl-C: the workers run in their own sessions, stop them here
+        stopping.set()
+        ex.shutdown(wait=False, cancel_futures=True)
+        kill_running_workers()
+        raise
+    finally:
+        ex.shutdown(wait=True, cancel_futures=True)
 
 
 def _run_one(

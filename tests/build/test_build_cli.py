@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -286,3 +287,57 @@ def test_key_and_bytes_do_not_depend_on_where_the_sources_are(demo_store, tmp_pa
         x for x in demo_store[1]["results"] if (x["arch"], x["variant"]) == ("gfx942", "narrow")
     ]
     assert (r["key"], r["blob_sha256"]) == (ref["key"], ref["blob_sha256"])
+
+
+def test_interrupting_a_build_stops_its_workers(tmp_path):
+    import os
+    import signal
+    import time
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp), "MONO_AOT_CACHE_DIR": str(tmp_path / "cache")}
+    cmd = [
+        sys.executable,
+        "-m",
+        "mono_aot",
+        "build",
+        "--provider",
+        provider_spec("hang"),
+        "--store",
+        str(tmp_path / "s"),
+        "--arch",
+        "gfx942",
+        "--timeout",
+        "600",
+    ]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def workers() -> list[int]:
+        pids = []
+        for d in Path("/proc").iterdir():
+            try:
+                cmdline = (d / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"mono_aot.build.worker" in cmdline and str(tmp).encode() in cmdline:
+                pids.append(int(d.name))
+        return pids
+
+    for _ in range(600):
+        if len(list(tmp.glob("*/request.json"))) == 2 and len(workers()) == 2:
+            break
+        time.sleep(0.1)
+    else:
+        proc.kill()
+        raise AssertionError(f"the workers did not start: {proc.communicate()}")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    # click turns the interrupt into an abort: exit 1, "mono-aot: aborted", no job reports
+    assert proc.returncode == 1, (out, err)
+    assert "aborted" in err and "failed" not in out
+    for _ in range(100):
+        if not workers():
+            break
+        time.sleep(0.1)
+    assert workers() == []
