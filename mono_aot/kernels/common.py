@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl._mlir.dialects import llvm
 from flydsl.expr.typing import T
@@ -24,6 +25,10 @@ SHARED = fx.AddressSpace.Shared
 WAVE = 64
 AGENT = "agent"  # LLVM AMDGPU sync scope of one GPU
 SYSTEM = None  # LLVM's default (system) scope: every GPU and the host
+# What the LDS table carries from the prologue to every phase (KernelCtx.publish/fresh)
+TABLE_ADDRS = tuple(a.name for a in abi.kernel_args(4) if a.kind == "i64")
+TABLE_SCALARS = ("rank", "n", "bt_stride", "step_value", "par", "epoch", "launches", "seq")
+TABLE_WORDS = 2 * len(TABLE_ADDRS) + len(TABLE_SCALARS)
 
 
 def _width_bytes(dtype: Any) -> int:
@@ -48,6 +53,21 @@ def now() -> Any:
 def uniform(v: Any) -> Any:
     """An Int32 that is the same in every lane, moved to a scalar register."""
     return fx.Int32(fx.rocdl.readfirstlane(T.i32, fx.Int32(v).ir_value()))
+
+
+def opaque(v: Any, sgpr: bool = True) -> Any:
+    """A copy of ``v`` (Int32/Int64) the compiler cannot see through: values computed from it
+    are not hoisted out of the enclosing loop or merged with earlier copies. Each phase works
+    on fresh copies of the kernel's ids and addresses, so its setup is recomputed where it
+    runs instead of staying live in registers across the whole kernel."""
+    raw = v.ir_value()
+    wide = v.width == 64
+    if sgpr:
+        asm, cons = ("s_mov_b64 $0, $1" if wide else "s_mov_b32 $0, $1"), "=s,s"
+    else:
+        asm, cons = ("v_mov_b64 $0, $1" if wide else "v_mov_b32 $0, $1"), "=v,v"
+    out = llvm.InlineAsmOp(raw.type, [raw], asm, cons, has_side_effects=True).result
+    return type(v)(out)
 
 
 def bf16_lo(word: Any) -> Any:
@@ -110,7 +130,7 @@ class KernelCtx:
 
     Compile-time (Python): ``lay`` (the Layout), ``arch``, ``variant``, ``nwg`` (workgroups =
     the layout's CTA count), ``threads``, ``waves``, ``n_max`` (the variant's most tokens),
-    ``scratch``/``peer`` (``abi`` BufferPlans: byte offsets of named regions), ``lds_bytes``
+    ``splan``/``peer`` (``abi`` BufferPlans: byte offsets of named regions), ``lds_bytes``
     (the shared arena's size), ``wait_ticks``, ``fp8_max``.
 
     Runtime (DSL): ``bid``, ``tid``, ``lane``, ``wave`` (Int32), ``rank``, ``n`` (tokens of this
@@ -126,12 +146,45 @@ class KernelCtx:
     nwg: int
     threads: int
     n_max: int
-    scratch: abi.BufferPlan
+    splan: abi.BufferPlan
     peer: abi.BufferPlan
     lds_bytes: int
     wait_ticks: int
     addr: dict[str, Any] = field(default_factory=dict)
     rt: dict[str, Any] = field(default_factory=dict)
+
+    # ---- FlyDSL control flow: the context is static (never reassigned inside a runtime
+    # if/while/for), so it carries no values through scf regions ----
+    def __extract_to_ir_values__(self) -> list[Any]:
+        return []
+
+    @classmethod
+    def __construct_from_ir_values__(cls, values: list[Any], exemplar: Any = None) -> Any:
+        return exemplar
+
+    def fresh(self) -> KernelCtx:
+        """A context for one phase: ids as opaque copies, addresses and scalars read back from
+        the LDS table (see ``publish`` below), moved to scalar registers."""
+        tab = self.rt["table"]
+        rt = dict(self.rt)
+        rt["bid"] = opaque(self.rt["bid"], sgpr=True)
+        rt["tid"] = opaque(self.rt["tid"], sgpr=False)
+        addr = {}
+        for i, name in enumerate(TABLE_ADDRS):
+            lo = fx.Int64(uniform(tab[2 * i])) & fx.Int64(0xFFFFFFFF)
+            hi = fx.Int64(uniform(tab[2 * i + 1])) << 32
+            addr[name] = hi | lo
+        for j, name in enumerate(TABLE_SCALARS):
+            rt[name] = uniform(tab[2 * len(TABLE_ADDRS) + j])
+        return KernelCtx(
+            self.lay, self.arch, self.variant, self.nwg, self.threads, self.n_max, self.splan,
+            self.peer, self.lds_bytes, self.wait_ticks, addr=addr, rt=rt,
+        )  # fmt: skip
+
+    @property
+    def sync(self) -> Any:
+        """Int64 address of this launch's half of the scratch ``sync`` region."""
+        return self.scr("sync") + fx.Int64(self.rt["par"]) * abi.SYNC_HALF
 
     # ---- attribute access to runtime values and addresses ----
     def __getattr__(self, name: str) -> Any:
@@ -157,7 +210,7 @@ class KernelCtx:
     # ---- addresses ----
     def scr(self, region: str, byte_off: Any = 0) -> Any:
         """Int64 address of a scratch region (``abi.scratch_plan``) plus ``byte_off``."""
-        base = self.addr["scratch"] + fx.Int64(self.scratch.offset(region))
+        base = self.addr["scratch"] + fx.Int64(self.splan.offset(region))
         return base if isinstance(byte_off, int) and byte_off == 0 else base + fx.Int64(byte_off)
 
     def peer_addr(self, base: Any, region: str, byte_off: Any = 0) -> Any:
@@ -177,5 +230,24 @@ class KernelCtx:
         """A typed shared pointer ``byte_off`` bytes into the arena (compile-time offset)."""
         if byte_off < 0 or byte_off >= self.lds_bytes:
             raise ValueError(f"LDS offset {byte_off} outside the {self.lds_bytes}-byte arena")
-        p = self.rt["lds"] if byte_off == 0 else self.rt["lds"] + byte_off
+        p = fx.recast_iter(fx.Pointer[fx.Uint8, SHARED, 16].ir_type, self.rt["lds"])
+        if byte_off:
+            p = p + byte_off
         return fx.recast_iter(fx.Pointer[dtype, SHARED, align or _width_bytes(dtype)].ir_type, p)
+
+
+@flyc.jit
+def publish(self: KernelCtx) -> None:
+    """Thread 0 writes every address and scalar of this context to the LDS table (then a
+    workgroup barrier). Phases read them back through ``fresh``: the kernel arguments are
+    then dead after the prologue instead of occupying 50+ scalar registers for the whole
+    kernel, and nothing a phase derives from them can be hoisted out of the layer loop."""
+    tab = self.rt["table"]
+    if self.rt["tid"] == 0:
+        for i, name in enumerate(TABLE_ADDRS):
+            v = fx.Int64(self.addr[name])
+            tab[2 * i] = fx.Int32(v)
+            tab[2 * i + 1] = fx.Int32(v >> 32)
+        for j, name in enumerate(TABLE_SCALARS):
+            tab[2 * len(TABLE_ADDRS) + j] = fx.Int32(self.rt[name])
+    fx.gpu.barrier()

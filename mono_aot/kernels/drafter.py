@@ -1,0 +1,347 @@
+"""The drafter megakernel: a whole draft step of one TP rank in one persistent launch.
+
+One code path serves both variants; a variant only fixes ``n_max`` (its most tokens: scratch
+sizes, unrolled token loops) and which GEMV phase runs the projections (VALU ``gemv_rows`` for
+the narrow kernel, K3's MFMA ``mfma_gemm`` for the wide one). Grid = the layout's CTA count,
+one 512-thread workgroup per CU, all co-resident; phases are separated by grid barriers:
+
+    embed: x = f32(x_in), h = bf16(x (1 + w_in[0])), ss_in[0]          | barrier
+    per layer l:
+      qkv  = rstd * (W_qkv h) (VALU or MFMA)                             | barrier
+      attention prep: q/k norms, rotary, fp8 K/V to the paged cache (K2) | barrier
+      attention partial (K2)                                             | barrier
+      attention combine (K2) -> attn bf16                                | barrier
+      o = W_o attn -> push to the 4 mailboxes; receive own rows:
+          x += sum of the 4 partials, h = bf16(x (1 + w_post)), ss        | barrier
+      act = SwiGLU(rstd * W_gu h)                                        | barrier
+      down = W_d act -> push; receive: x += sum, h = bf16(x (1 + w_in[l+1]
+          or final_norm)), ss                                            | barrier
+    out = bf16(x * rstd * (1 + final_norm))
+
+That is 1 + 7 * layers grid barriers and 2 * layers all-reduces per launch. Every wait is
+bounded (``sync``) and a failure skips all later work without an early return.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+from flydsl.expr import const_expr
+
+from mono_aot import abi
+from mono_aot.errors import BadInput, MonoUnsupported
+from mono_aot.kernels import KERNEL_NAMES, allreduce, attention, gemv, pointwise, sync
+from mono_aot.kernels.common import TABLE_WORDS, KernelCtx, gptr, publish
+from mono_aot.layouts import Layout, Variant
+
+SUPPORTED_TP = 4  # the kernel signature spells out pe0..pe3 (the user's runner is TP 4)
+GEMMS = ("valu", "mfma")
+
+
+def default_gemm(variant: Variant) -> str:
+    """The projection phase each variant uses unless told otherwise."""
+    return "mfma" if variant == "wide" else "valu"
+
+
+@dataclass(frozen=True)
+class Projections:
+    """The four projections of a layer: plans plus the function that runs them."""
+
+    qkv: Any
+    o: Any
+    gu: Any
+    down: Any
+    run: Any
+    name: str
+
+    @property
+    def lds_bytes(self) -> int:
+        return max(p.lds_bytes for p in (self.qkv, self.o, self.gu, self.down))
+
+
+def projections(layout: Layout, arch: str, variant: Variant, gemm: str) -> Projections:
+    if gemm not in GEMMS:
+        raise BadInput(f"unknown GEMV phase {gemm!r}; expected one of {', '.join(GEMMS)}")
+    h = layout.model.hidden
+    common = {
+        "ctas": layout.ctas(arch),
+        "max_tokens": layout.variant_tokens(variant),
+        "threads": layout.kernel.threads,
+    }
+    shapes = {
+        "qkv": (layout.qkv_rows_per_rank, h, False),
+        "o": (h, layout.o_cols_per_rank, False),
+        "gu": (layout.gu_rows_per_rank, h, True),
+        "down": (h, layout.mlp_per_rank, False),
+    }
+    if gemm == "mfma":
+        from mono_aot.kernels import mfma
+
+        plans = {k: mfma.GemmPlan(r, c, pairs=p, **common) for k, (r, c, p) in shapes.items()}
+        return Projections(**plans, run=mfma.mfma_gemm, name="mfma")
+    plans = {k: gemv.GemvPlan(r, c, pairs=p, **common) for k, (r, c, p) in shapes.items()}
+    return Projections(**plans, run=gemv.gemv_rows, name="valu")
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """Everything one kernel build is specialised on."""
+
+    layout: Layout
+    arch: str
+    variant: Variant
+    wait_ticks: int
+    gemm: str
+
+    @property
+    def name(self) -> str:
+        return KERNEL_NAMES[self.variant]
+
+
+def _check(layout: Layout, variant: str, wait_ticks: int) -> None:
+    if variant not in KERNEL_NAMES:
+        raise BadInput(f"unknown variant {variant!r}; expected one of {', '.join(KERNEL_NAMES)}")
+    if variant not in layout.variants():
+        raise BadInput(f"layout {layout.name} has no {variant} kernel (wide_base is 1)")
+    if layout.parallel.tp != SUPPORTED_TP:
+        raise MonoUnsupported(f"layout {layout.name}: tp={layout.parallel.tp}; the kernels are written for tp=4")
+    if layout.serving.qpr % 8:
+        raise MonoUnsupported(f"layout {layout.name}: qpr={layout.serving.qpr} must be a multiple of 8")
+    if not isinstance(wait_ticks, int) or not 0 < wait_ticks < (1 << 62):
+        raise BadInput(f"wait_ticks={wait_ticks!r} must be a positive integer")
+
+
+def make_launcher(spec: KernelSpec) -> Any:
+    """The ``@flyc.jit`` launcher of one kernel (the runner's ``_launch`` argument list)."""
+    lay, arch, variant = spec.layout, spec.arch, spec.variant
+    _check(lay, variant, spec.wait_ticks)
+    L = lay.model.layers
+    H = lay.model.hidden
+    QKV = lay.qkv_rows_per_rank
+    MLP = lay.mlp_per_rank
+    nwg = lay.ctas(arch)
+    threads = lay.kernel.threads
+    n_max = lay.variant_tokens(variant)
+    scratch = abi.scratch_plan(lay, variant)
+    peer = abi.peer_plan(lay)
+    proj = projections(lay, arch, variant, spec.gemm)
+    attn = attention.attention_phases(lay, arch, variant)
+    RS = abi.mbox_rows(lay)
+    # LDS arena: [0, red) the GEMV's / attention's own use, then rstd [n_max] f32, then the
+    # per-workgroup tile [n_max][RS] f32 (o/down partials; the receive's squares)
+    red = max(proj.lds_bytes, attn.lds_bytes)
+    red = -(-red // 256) * 256
+    off_rstd = red
+    off_tile = off_rstd + -(-n_max * 4 // 256) * 256
+    arena = off_tile + n_max * RS * 4
+    words = -(-arena // 16) * 4
+    limit = 64 * 1024
+    if arena > limit:
+        raise MonoUnsupported(f"{spec.name} for {arch}: {arena} bytes of LDS exceed {limit}")
+    run = proj.run
+    ticks = spec.wait_ticks
+    W_QKV, W_O, W_GU, W_D = QKV * H, H * lay.o_cols_per_rank, 2 * MLP * H, H * MLP
+
+    # ---- the phases: each starts from fresh copies of ids and addresses (common.opaque) ----
+
+    def views(k):
+        return k.lds_ptr(fx.Float32, off_rstd, 16), k.lds_ptr(fx.Float32, off_tile, 16)
+
+    @flyc.jit
+    def ph_embed(k0):
+        k = k0.fresh()
+        pointwise.zero_other_parity(k)
+        _, tile = views(k)
+        r0 = pointwise.hidden_split(k).r0(k.bid)
+        xin = k.x
+
+        def embed_add(t, i):
+            return pointwise.load_bf16(xin + (fx.Int64(t) * H + fx.Int64(r0 + i)) * 2)
+
+        pointwise.absorb(k, k.n, embed_add, True, k.tab_at(0, abi.T_W_IN), 0, tile)
+
+    @flyc.jit
+    def ph_qkv(k0, layer):
+        k = k0.fresh()
+        rstd, _ = views(k)
+        pointwise.load_rstd(k, layer * 2, k.n, rstd)
+        qkv_a = k.scr("qkv")
+
+        def emit(tok, row, v):
+            gptr(fx.Float32, qkv_a + (fx.Int64(tok) * QKV + fx.Int64(row)) * 4).store(v * rstd[tok])
+
+        run(k.bid, k.tid, k.stacked("qkv_w", layer, W_QKV), k.stacked("qkv_s", layer, QKV * 4),
+            k.scr("h"), k.n, k.lds, proj.qkv, emit)  # fmt: skip
+
+    @flyc.jit
+    def ph_prep(k0, layer):
+        k = k0.fresh()
+        attn.prep(k.bid, k.tid, layer, k.n, k.tab, k.scratch, k.cos_sin, k.pos, k.slots, k.health, k.step)
+
+    @flyc.jit
+    def ph_partial(k0, layer):
+        k = k0.fresh()
+        attn.partial(k.bid, k.tid, k.lds, layer, k.n, k.bt_stride, k.tab, k.scratch, k.bt,
+                     k.seq_lens, k.health, k.step)  # fmt: skip
+
+    @flyc.jit
+    def ph_combine(k0):
+        k = k0.fresh()
+        attn.combine(k.bid, k.tid, k.n, k.scratch, k.seq_lens)
+
+    @flyc.jit
+    def ph_row_parallel(k0, layer, kind: int):
+        """o (kind 0) or down (kind 1): the GEMV into the LDS tile, then the push."""
+        k = k0.fresh()
+        _, tile = views(k)
+        r0 = pointwise.hidden_split(k).r0(k.bid)
+
+        def emit(tok, row, v):
+            tile[tok * RS + (row - r0)] = v
+
+        if const_expr(kind == 0):
+            run(k.bid, k.tid, k.stacked("o_w", layer, W_O), k.stacked("o_s", layer, H * 4),
+                k.scr("attn"), k.n, k.lds, proj.o, emit)  # fmt: skip
+        else:
+            run(k.bid, k.tid, k.stacked("d_w", layer, W_D), k.stacked("d_s", layer, H * 4),
+                k.scr("act"), k.n, k.lds, proj.down, emit)  # fmt: skip
+        allreduce.push(k, k.n, tile, layer, kind)
+
+    @flyc.jit
+    def ph_receive(k0, layer, kind: int, st):
+        k = k0.fresh()
+        _, tile = views(k)
+        if const_expr(kind == 0):
+            w_norm = k.tab_at(layer, abi.T_W_POST)
+            phase = abi.PH_AR_ATTN
+        else:
+            nxt = layer + 1
+            w_norm = (nxt < L).select(k.tab_at(fx.arith.min(nxt, fx.Int32(L - 1)), abi.T_W_IN), k.final_norm)
+            phase = abi.PH_AR_MLP
+        return allreduce.receive(k, k.n, layer, kind, phase, w_norm, layer * 2 + 1 + kind, tile, st)
+
+    @flyc.jit
+    def ph_gu(k0, layer):
+        k = k0.fresh()
+        rstd, _ = views(k)
+        pointwise.load_rstd(k, layer * 2 + 1, k.n, rstd)
+        act_a = k.scr("act")
+
+        def emit(tok, j, gate, up):
+            a = pointwise.swiglu(k, gate * rstd[tok], up * rstd[tok])
+            pointwise.store_bf16(act_a + (fx.Int64(tok) * MLP + fx.Int64(j)) * 2, a)
+
+        run(k.bid, k.tid, k.stacked("gu_w", layer, W_GU), k.stacked("gu_s", layer, 2 * MLP * 4),
+            k.scr("h"), k.n, k.lds, proj.gu, emit)  # fmt: skip
+
+    @flyc.jit
+    def ph_final(k0):
+        k = k0.fresh()
+        rstd, _ = views(k)
+        pointwise.final_out(k, k.n, 2 * L, rstd)
+
+    @flyc.jit
+    def barrier(k0, st, what):
+        return sync.grid_barrier(k0.fresh(), st, what)
+
+    @flyc.jit
+    def publish_launch(k0):
+        """Workgroup 0, after the first barrier (every workgroup has read these): the next
+        launch's launch counter and epoch header."""
+        k = k0.fresh()
+        if k.bid == 0:
+            if k.tid == 0:
+                gptr(fx.Int32, k.scr("sync", abi.SYNC_LAUNCHES)).store(k.launches + 1)
+                hdr = k.peer_addr(k.peer_local, "hdr")
+                gptr(fx.Int32, hdr).store(k.step_value)
+                gptr(fx.Int32, hdr + 4).store(k.seq)
+
+    @flyc.kernel(name=spec.name, known_block_size=[threads, 1, 1])
+    def drafter_kernel(
+        x: fx.Int64, out: fx.Int64, tab: fx.Int64,
+        qkv_w: fx.Int64, qkv_s: fx.Int64, o_w: fx.Int64, o_s: fx.Int64,
+        gu_w: fx.Int64, gu_s: fx.Int64, d_w: fx.Int64, d_s: fx.Int64,
+        final_norm: fx.Int64, cos_sin: fx.Int64, bt: fx.Int64, pos: fx.Int64,
+        slots: fx.Int64, seq_lens: fx.Int64, scratch_a: fx.Int64, peer_local: fx.Int64,
+        pe0: fx.Int64, pe1: fx.Int64, pe2: fx.Int64, pe3: fx.Int64,
+        step: fx.Int64, health: fx.Int64,
+        rank: fx.Int32, bt_stride: fx.Int32, n: fx.Int32,
+    ):  # fmt: skip
+        alloc = fx.SharedAllocator()
+        lds = alloc.allocate(fx.Array[fx.Int32, words, 16]).peek().ptr
+        sync_lds = alloc.allocate(fx.Array[fx.Int32, 4, 16]).peek()
+        table = alloc.allocate(fx.Array[fx.Int32, -(-TABLE_WORDS // 4) * 4, 16]).peek()
+        k = KernelCtx(lay, arch, variant, nwg, threads, n_max, scratch, peer, arena, ticks)
+        k.addr.update(
+            x=x, out=out, tab=tab, qkv_w=qkv_w, qkv_s=qkv_s, o_w=o_w, o_s=o_s, gu_w=gu_w,
+            gu_s=gu_s, d_w=d_w, d_s=d_s, final_norm=final_norm, cos_sin=cos_sin, bt=bt,
+            pos=pos, slots=slots, seq_lens=seq_lens, scratch=scratch_a, peer_local=peer_local,
+            pe0=pe0, pe1=pe1, pe2=pe2, pe3=pe3, step=step, health=health,
+        )  # fmt: skip
+        step_value = gptr(fx.Int32, step).load()
+        launches = gptr(fx.Int32, k.scr("sync", abi.SYNC_LAUNCHES)).load()
+        hdr = k.peer_addr(peer_local, "hdr")
+        h_step = gptr(fx.Int32, hdr).load()
+        h_seq = gptr(fx.Int32, hdr + 4).load()
+        seq = (h_step == step_value).select(h_seq + 1, fx.Int32(0))
+        k.rt.update(
+            bid=fx.block_idx.x, tid=fx.thread_idx.x, rank=rank, n=n, bt_stride=bt_stride,
+            lds=lds, sync_lds=sync_lds, table=table, step_value=step_value, par=launches & 1,
+            epoch=step_value * abi.EPOCH_SEQS + seq % abi.EPOCH_SEQS, launches=launches, seq=seq,
+        )  # fmt: skip
+        publish(k)
+        st = fx.Int32(0)
+        ph_embed(k)
+        st = barrier(k, st, abi.PH_EMBED)
+        publish_launch(k)
+        for layer_i in range(L, unroll=1):
+            layer = fx.Int32(layer_i)
+            what = layer * 16
+            if st == 0:
+                ph_qkv(k, layer)
+            st = barrier(k, st, what + abi.PH_QKV)
+            if st == 0:
+                ph_prep(k, layer)
+            st = barrier(k, st, what + abi.PH_PREP)
+            if st == 0:
+                ph_partial(k, layer)
+            st = barrier(k, st, what + abi.PH_PARTIAL)
+            if st == 0:
+                ph_combine(k)
+            st = barrier(k, st, what + abi.PH_COMBINE)
+            if st == 0:
+                ph_row_parallel(k, layer, 0)
+            st = ph_receive(k, layer, 0, st)
+            st = barrier(k, st, what + abi.PH_AR_ATTN)
+            if st == 0:
+                ph_gu(k, layer)
+            st = barrier(k, st, what + abi.PH_GU)
+            if st == 0:
+                ph_row_parallel(k, layer, 1)
+            st = ph_receive(k, layer, 1, st)
+            st = barrier(k, st, what + abi.PH_AR_MLP)
+        if st == 0:
+            ph_final(k)
+
+    @flyc.jit
+    def launch(
+        x: fx.Int64, out: fx.Int64, tab: fx.Int64,
+        qkv_w: fx.Int64, qkv_s: fx.Int64, o_w: fx.Int64, o_s: fx.Int64,
+        gu_w: fx.Int64, gu_s: fx.Int64, d_w: fx.Int64, d_s: fx.Int64,
+        final_norm: fx.Int64, cos_sin: fx.Int64, bt: fx.Int64, pos: fx.Int64,
+        slots: fx.Int64, seq_lens: fx.Int64, scratch_a: fx.Int64, peer_local: fx.Int64,
+        pe0: fx.Int64, pe1: fx.Int64, pe2: fx.Int64, pe3: fx.Int64,
+        step: fx.Int64, health: fx.Int64,
+        rank: fx.Int32, bt_stride: fx.Int32, n: fx.Int32,
+        stream: fx.Stream = fx.Stream(None),  # noqa: B008 - FlyDSL reads the default
+    ):  # fmt: skip
+        drafter_kernel(
+            x, out, tab, qkv_w, qkv_s, o_w, o_s, gu_w, gu_s, d_w, d_s, final_norm, cos_sin,
+            bt, pos, slots, seq_lens, scratch_a, peer_local, pe0, pe1, pe2, pe3, step, health,
+            rank, bt_stride, n,
+        ).launch(grid=(nwg, 1, 1), block=(threads, 1, 1), stream=stream)  # fmt: skip
+
+    return launch
