@@ -235,17 +235,13 @@ def _run_one(
             return False
         return not (force and seen is not None and e == seen)  # --force: not the one we saw
 
-    compiled: list[float] = []
+    compiled = False  # whether this process ran the compile (counted in --json)
 
     def build() -> tuple[Entry, bytes]:
+        nonlocal compiled
+        compiled = True
         with tempfile.TemporaryDirectory(prefix="mono-aot-build-") as tmp:
-            try:
-                entry, data = compile_and_check(
-                    job, provider, toolchain, Path(tmp), timeout=timeout
-                )
-            finally:
-                compiled.append(1.0)
-        return entry, data
+            return compile_and_check(job, provider, toolchain, Path(tmp), timeout=timeout)
 
     try:
         hit, built = store.get_or_build(job.key, build, accept=accept)
@@ -254,7 +250,7 @@ def _run_one(
             job, FAILED, seconds=e.seconds, compiled=True, reason=str(e), violations=e.violations
         )
     except CompileError as e:
-        return JobResult(job, FAILED, seconds=e.seconds, compiled=bool(compiled), reason=str(e))
+        return JobResult(job, FAILED, seconds=e.seconds, compiled=compiled, reason=str(e))
     if not built:  # another builder published it while we waited for the key's lock
         return JobResult(
             job, HIT, blob_sha256=hit.entry.blob.sha256, layer=hit.layer.label, entry=hit.entry
