@@ -262,6 +262,11 @@ def lane_tok(t: int, lr: Any, n: Any) -> Any:
     return _imin(t * TILE + lr, _imax(n - 1, 0))
 
 
+def version_tiles(P: GemmPlan, n: int) -> int:
+    """Token tiles of the version that runs for n tokens (host mirror of ``_phase_versions``)."""
+    return min(P.token_tiles, max(P.min_token_tiles, -(-n // TILE)))
+
+
 def round_tiles(P: GemmPlan, nt: int) -> list[list[int]]:
     """The token tiles of each reduction round when ``nt`` tiles were computed."""
     tpr = P.tiles_per_round
@@ -411,15 +416,13 @@ def _phase_versions(c):
     if const_expr(lo == hi):
         _phase(c, hi)
     else:
-        for nt in range_constexpr(lo, hi + 1):
-            below = c.n <= (nt - 1) * TILE  # a smaller version covers n
-            above = c.n > nt * TILE
+        for nt in range_constexpr(lo, hi + 1):  # version nt: (nt - 1) * 16 < n <= nt * 16
             if const_expr(nt == lo):
-                _phase_if(~above, c, nt)
+                _phase_if(c.n <= nt * TILE, c, nt)
             elif const_expr(nt == hi):
-                _phase_if(~below, c, nt)
+                _phase_if(c.n > (nt - 1) * TILE, c, nt)
             else:
-                _phase_if(~(below | above), c, nt)
+                _phase_if((c.n > (nt - 1) * TILE) & (c.n <= nt * TILE), c, nt)
 
 
 @flyc.jit
