@@ -2,9 +2,11 @@
 
 The kernels read weights and the paged KV cache as bytes and convert them with the rocdl cvt
 ops, whose format depends on the arch (``mono_aot.arch``). Everything on the host side that
-produces or checks those bytes goes through this module, so the bytes are defined here, in
-plain arithmetic, independent of torch's float8 dtypes (which the tests compare against bit
-for bit, and which do not exist on every device or torch build).
+produces or checks those bytes goes through this module. The bytes are defined here in plain
+arithmetic (``encode(..., exact_arith=True)`` and ``decode``'s table), independent of torch's
+float8 dtypes; the tests compare that arithmetic with torch's dtypes bit for bit. ``encode``
+by default takes a fast path through torch's float32 -> float8 conversion, which gives the
+same bytes (also tested), and falls back to the arithmetic when torch lacks the dtype.
 
 Both formats: 1 sign bit, 4 exponent bits, 3 mantissa bits, no infinities.
 
@@ -159,52 +161,98 @@ def decode(
 
 
 _CHUNK = 1 << 22  # elements per pass: bounds the temporaries of very large tensors
-_HALF = 1 << 48  # half a unit of the 3rd mantissa bit of a float64
+_HALF = 1 << 48  # half a unit of the 3rd mantissa bit of a float64 (bit 49)
 
 
-def encode(x: torch.Tensor, fmt: FP8Format | str, saturate: bool | None = None) -> torch.Tensor:
+def encode(
+    x: torch.Tensor, fmt: FP8Format | str, saturate: bool | None = None, exact_arith: bool = False
+) -> torch.Tensor:
     """``uint8`` codes of ``x`` (any float dtype), round to nearest even; see the module doc.
 
-    Works on the float64 bit pattern of ``|x|``: in the normal range the code is the exponent
-    and top 3 mantissa bits, rounded with the usual remainder-versus-half test (a carry rolls
-    into the exponent); below the smallest normal it is ``|x|`` in units of the smallest
-    subnormal, rounded half to even. Codes ``0..max_code`` are ordered by magnitude, so an
-    overflow is simply a code past ``max_code``.
+    Two implementations give the same bytes (the tests check it on a dense sweep):
+
+    - the arithmetic one (``exact_arith=True``, and whenever torch lacks the float8 dtype)
+      works on the float64 bit pattern of ``|x|``: in the normal range the code is the exponent
+      and top 3 mantissa bits, rounded half to even (a carry rolls into the exponent); below
+      the smallest normal it is ``|x|`` in units of the smallest subnormal, rounded half to
+      even. Codes ``0..max_code`` are ordered by magnitude, so an overflow is simply a code past
+      ``max_code``;
+    - the fast one lets torch's float32 -> float8 conversion (round to nearest even) do the
+      work, after clamping to +-max when saturating, marking overflows as NaN when not (torch's
+      e4m3fn conversion would saturate); float64 values whose float32 rounding lands exactly on
+      an fp8 rounding boundary are re-encoded the arithmetic way (see ``_encode_fast``).
     """
     f = _as_format(fmt)
     if not x.is_floating_point():
         raise TypeError(f"encode needs a floating-point tensor, got {x.dtype}")
     sat = f.overflow_saturates if saturate is None else saturate
+    one = _encode_flat if exact_arith or not hasattr(torch, f.torch_dtype_name) else _encode_fast
     flat = x.reshape(-1)
     out = torch.empty(flat.shape, dtype=torch.uint8, device=x.device)
     for i in range(0, flat.numel(), _CHUNK):
-        out[i : i + _CHUNK] = _encode_flat(flat[i : i + _CHUNK], f, sat)
+        out[i : i + _CHUNK] = one(flat[i : i + _CHUNK], f, sat)
     return out.reshape(x.shape)
+
+
+def _encode_fast(x: torch.Tensor, f: FP8Format, sat: bool) -> torch.Tensor:
+    t = x.to(torch.float32)  # exact for bf16/fp16/fp32; rounded (to nearest even) for float64
+    if sat:
+        codes = torch.clamp(t, -f.max, f.max).to(f.torch_dtype).view(torch.uint8)  # NaN stays NaN
+    else:
+        codes = t.to(f.torch_dtype).view(torch.uint8)
+        if f.overflow_saturates:  # torch saturates this format: overflows become NaN here
+            over_mid = f.max + (f.max - float(_table(f.name)[f.max_code - 1])) / 2
+            a = t.abs()
+            over = (a > over_mid) | ((a == over_mid) & (f.max_code % 2 == 1))
+            nan_code = torch.where(torch.signbit(t), 0xFF, 0x7F).to(torch.uint8)
+            codes = torch.where(over, nan_code, codes)
+    if f.name == "e4m3fn":
+        # the sign of a NaN, from the input itself (torch's fp16 -> fp32 drops it)
+        nan = torch.isnan(x)
+        if bool(nan.any()):
+            codes = torch.where(
+                nan, torch.where(torch.signbit(x), 0xFF, 0x7F).to(torch.uint8), codes
+            )
+    if x.dtype == torch.float64:
+        # Rounding to float32 is monotonic and every fp8 rounding boundary is a float32, so the
+        # detour can only go wrong where it lands exactly on a boundary from an inexact value:
+        # normal-range midpoints (mantissa bit 19 set, bits 0..18 clear, the overflow midpoint
+        # included) and anything in the subnormal range. Those few go the arithmetic way.
+        bits = t.view(torch.int32)
+        cand = ((bits & 0xFFFFF) == 0x80000) | (t.abs() < f.min_normal)
+        if bool(cand.any()):
+            idx = torch.nonzero(cand).reshape(-1)
+            idx = idx[x[idx] != t[idx].to(torch.float64)]
+            if idx.numel():
+                codes[idx] = _encode_flat(x[idx], f, sat)
+    return codes
 
 
 def _encode_flat(x: torch.Tensor, f: FP8Format, sat: bool) -> torch.Tensor:
     x = x.to(torch.float64)
-    neg = torch.signbit(x)
-    nan = torch.isnan(x)
-    a = torch.where(nan, 0.0, x.abs())
-    bits = a.view(torch.int64)  # non-negative, so ordered like the values
-    top = bits >> 49  # 11 exponent bits, 3 mantissa bits
-    rem = bits & ((1 << 49) - 1)
-    up = (rem > _HALF) | ((rem == _HALF) & ((top & 1) == 1))
-    normal = top + up.to(torch.int64) - ((1023 - f.bias) << 3)
-    sub = torch.round(a * 2.0 ** (3 - f.emin)).to(torch.int64)  # exact scaling, half-to-even
-    code = torch.where(a < f.min_normal, sub, normal)
-    over = code > f.max_code  # includes infinities (exponent field 0x7FF)
-    code = torch.where(over, f.max_code, code)
+    neg = x.view(torch.int64) < 0  # the sign bit, also of -0.0 and NaNs
+    a = x.abs()
+    bits = a.view(torch.int64)  # non-negative, so ordered like the values; NaN/inf are largest
+    # round half to even at the 3rd mantissa bit: add just under half a unit plus the kept
+    # lowest bit, then drop the 49 bits below it (a carry rolls into the exponent)
+    code = ((bits >> 49) & 1).add_(bits).add_(_HALF - 1).bitwise_right_shift_(49)
+    code.sub_((1023 - f.bias) << 3)
+    small = a < f.min_normal  # subnormal codes: |x| in units of the smallest subnormal
+    if bool(small.any()):
+        code = torch.where(small, torch.round(a * 2.0 ** (3 - f.emin)).to(torch.int64), code)
+    over = code > f.max_code  # includes infinities and NaNs
+    code.clamp_(max=f.max_code)
     if f.name == "e4m3fn":
-        code = code | torch.where(neg, 0x80, 0)
+        code.bitwise_or_(neg.to(torch.int64) << 7)
         nan_code = torch.where(neg, 0xFF, 0x7F)
     else:
-        code = code | torch.where(neg & (code != 0), 0x80, 0)  # no negative zero
+        code.bitwise_or_((neg & (code != 0)).to(torch.int64) << 7)  # no negative zero
         nan_code = torch.full_like(code, 0x80)
     if not sat:
         code = torch.where(over, nan_code, code)
-    code = torch.where(nan, nan_code, code)
+    nan = torch.isnan(a)
+    if bool(nan.any()):
+        code = torch.where(nan, nan_code, code)
     return code.to(torch.uint8)
 
 

@@ -113,18 +113,19 @@ class RankWeights:
 
 
 def _check(t: object, what: str, shape: tuple[int, ...], float_ok: bool = True) -> torch.Tensor:
+    """Type and shape; finiteness is checked where the values are reduced anyway."""
     if not isinstance(t, torch.Tensor):
         raise BadInput(f"{what}: expected a tensor of shape {list(shape)}, got {type(t).__name__}")
     if tuple(t.shape) != shape:
         raise BadInput(f"{what}: shape {list(t.shape)}, expected {list(shape)}")
     if float_ok and not t.is_floating_point():
         raise BadInput(f"{what}: dtype {t.dtype}, expected a floating-point tensor")
-    if float_ok and not bool(torch.isfinite(t).all()):
-        raise BadInput(f"{what}: has non-finite values")
     return t
 
 
-def quantize_rows(w: torch.Tensor, fmt: FP8Format | str) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows(
+    w: torch.Tensor, fmt: FP8Format | str, what: str = "weight"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row absmax fp8: ``(codes uint8 [rows, cols], scales fp32 [rows])``.
 
     ``s = fp32(absmax / fmt.max)`` (1 for an all-zero row), ``code = encode(w / s)`` with the
@@ -133,9 +134,12 @@ def quantize_rows(w: torch.Tensor, fmt: FP8Format | str) -> tuple[torch.Tensor, 
     """
     f = resolve_format(fmt)
     if w.dim() != 2:
-        raise BadInput(f"quantize_rows: expected a 2-d weight, got shape {list(w.shape)}")
+        raise BadInput(f"{what}: expected a 2-d weight, got shape {list(w.shape)}")
     w64 = w.to(torch.float64)
     amax = w64.abs().amax(dim=1)
+    if not bool(torch.isfinite(amax).all()):  # NaN and inf both survive the absmax
+        row = int(torch.nonzero(~torch.isfinite(amax))[0, 0])
+        raise BadInput(f"{what}: row {row} has non-finite values")
     s = torch.where(amax > 0, amax / f.max, 1.0).to(torch.float32)
     codes = encode(w64 / s.to(torch.float64)[:, None], f, saturate=True)
     return codes, s
@@ -206,7 +210,7 @@ def pack_shard(shard: LayerShard, layout: Layout, fmt: FP8Format | str) -> dict[
     _check(shard.d, "shard.d", (m.hidden, layout.mlp_per_rank))
     out: dict[str, torch.Tensor] = {}
     for name, w in (("qkv", shard.qkv), ("o", shard.o), ("gu", shard.gu), ("d", shard.d)):
-        codes, s = quantize_rows(w, f)
+        codes, s = quantize_rows(w, f, f"shard.{name}")
         out[f"{name}_w"], out[f"{name}_s"] = codes.contiguous(), s.contiguous()
     for name, n in (
         ("w_in", m.hidden),
@@ -215,6 +219,8 @@ def pack_shard(shard: LayerShard, layout: Layout, fmt: FP8Format | str) -> dict[
         ("w_k", m.head_dim),
     ):
         w = _check(getattr(shard, name), f"shard.{name}", (n,))
+        if not bool(torch.isfinite(w).all()):
+            raise BadInput(f"shard.{name}: has non-finite values")
         out[name] = w.to(torch.bfloat16).contiguous()
     out["k_scale"] = _scale(shard.k_scale, "k_scale")
     out["v_scale"] = _scale(shard.v_scale, "v_scale")

@@ -12,6 +12,8 @@ Per layer (``n`` tokens, request ``i`` owns token rows ``i*qpr..(i+1)*qpr-1``):
 
 1. ``h = norm(x, w_in)``, Gemma RMSNorm ``x * rsqrt(mean(x^2) + eps) * (1 + w)``.
 2. ``qkv = (h @ decode(qkv_w)^T) * qkv_s``; rows: the rank's q heads, K head(s), V head(s).
+   (Computed as ``rsqrt(mean(x^2) + eps) * ((x * (1 + w)) @ decode(W)^T) * s``, the kernels'
+   factorisation: the same value in float64.)
 3. Gemma norm of each q head (``w_q``) and each K head (``w_k``) over ``head_dim``; NeoX RoPE
    on the first ``rotary_dim`` dims: ``x1 = x[:r/2]``, ``x2 = x[r/2:r]``, ``out1 = x1*cos -
    x2*sin``, ``out2 = x2*cos + x1*sin`` with ``cos = cos_sin[pos, :r/2]``, ``sin = cos_sin[pos,
@@ -34,27 +36,39 @@ After the last layer ``out = norm(x, final_norm)``.
 Rounding (``numerics``):
 
 - ``"float64"`` (default): every value above is computed and kept in float64; nothing is
-  rounded to bf16 or fp32 anywhere, the output stays float64. The only roundings are the ones
+  rounded to bf16 or fp32 anywhere and the output stays float64. The only roundings are those
   the step itself defines: the fp8 weight codes (data), and the fp8 K/V cache (step 4), whose
   bytes attention reads back (step 5), so this step's own K/V reach attention as
   ``decode(encode(k / k_scale)) * k_scale``. The inputs ``x`` (bf16), norm weights (bf16) and
-  ``cos_sin`` (bf16) are used exactly as given. This is the mode the dense model is compared
-  with to 1e-10, and the one to judge kernel outputs by (tolerance ~2e-2 relative).
-- ``"kernel"``: the kernels' storage points (DESIGN.md: fp32 math, bf16 storage of
-  activations; ``mono_aot.abi.scratch_plan``). Arithmetic between two storage points is float64
+  ``cos_sin`` (bf16) are used exactly as given. The dense model is compared with this mode to
+  1e-10, and kernel outputs are judged by it (tolerance ~2e-2 relative).
+- ``"kernel"``: the kernels' storage points, as ``mono_aot.abi`` lays them out (DESIGN.md:
+  fp32 math, bf16 storage of activations). Arithmetic between two storage points is float64
   (more accurate than any fp32 summation order, so it is the value every correct kernel
-  approximates), and each stored value is rounded to its storage dtype: the residual ``x`` to
-  fp32 (initially ``fp32(bf16 x)``, again after each all-reduce add), ``h`` (both norms) to
-  bf16, ``qkv`` to fp32, q and k after norm+RoPE to fp32, the attention output to bf16, each
-  rank's all-reduce partial to fp32, the SwiGLU output ``a`` to bf16, ``out`` to bf16. The K/V
-  bytes are ``encode(fp32(k_fp32 / fp32 k_scale))``: k (and v) computed, normed/roped and
-  rounded to fp32, then divided by the scale with one correctly rounded fp32 division (the
-  kernel must divide, not multiply by a reciprocal), then encoded with saturation (the kernel
-  must clamp to +-max before its cvt op). The pre-encode values are returned
-  (``kv_prequant``), so a kernel test compares the kernel's bytes exactly wherever
-  ``mono_aot.fp8.boundary_distance(kv_prequant)`` exceeds the accumulated fp32 error; where a
-  value sits closer than that to an fp8 rounding midpoint the two legitimately differ by one
-  code, and no reference can predict which way an fp32 summation order rounds it.
+  approximates) and each stored value is rounded to its storage dtype:
+
+  * residual ``x``: fp32 (``fp32(bf16 x)`` at the start, again after each all-reduce add);
+  * norm -> GEMV (scratch ``h``): the GEMV input is ``bf16(fp32(x * fp32(1 + w)))``, *not yet
+    normalised*; the GEMV epilogue multiplies by ``rsqrt(mean(x^2) + eps)`` of the fp32 ``x``
+    (float64 here; the kernels' int64 fixed-point sum of squares differs by far less than an
+    fp32 ulp of the result);
+  * ``qkv`` and the gate/up outputs: fp32; q and k after norm + RoPE: fp32;
+  * K/V bytes: ``encode(fp32(k / k_scale))`` with k the fp32 value after norm + RoPE (v straight
+    from ``qkv``), one correctly rounded fp32 division (the kernels divide, they do not multiply
+    by a reciprocal), saturated to +-max before the cvt (the kernels clamp);
+  * attention output (scratch ``attn``): bf16; SwiGLU output (scratch ``act``): bf16;
+  * each all-reduce partial (peer mailbox blocks): ``bf16(fp32(.))``, for every rank including
+    the own one, so every rank adds the same four values;
+  * ``out``: ``bf16(fp32(.))``.
+
+  Register-level roundings inside a phase (the attention phases' bf16 MFMA operands for q and
+  the probabilities) are not modelled: they are the kernel's business and change the bf16
+  attention output by about one bf16 ulp. The pre-encode values are returned
+  (``kv_prequant``), so a kernel test compares the kernel's K/V bytes exactly wherever
+  ``mono_aot.fp8.boundary_distance(kv_prequant)`` exceeds the accumulated error (about 1e-5
+  relative for layer 0, whose inputs are exactly the kernel's; about 1e-3 for later layers):
+  a value closer than that to an fp8 rounding midpoint may legitimately encode one code apart,
+  and no reference can predict which way an fp32 summation order rounds it.
 """
 
 from __future__ import annotations
@@ -139,7 +153,15 @@ class _Store:
         return t.to(torch.float32).to(torch.float64) if self.kernel else t
 
     def bf16(self, t: torch.Tensor) -> torch.Tensor:
-        return t.to(torch.bfloat16).to(torch.float64) if self.kernel else t
+        """fp32 then bf16, as the kernels convert their fp32 registers."""
+        if not self.kernel:
+            return t
+        return t.to(torch.float32).to(torch.bfloat16).to(torch.float64)
+
+    def gemv_input(self, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x * (1 + w) as stored, rsqrt(mean(x^2) + eps) factor's argument)`` (see doc)."""
+        one_w = self.f32(1.0 + w.to(torch.float64))
+        return self.bf16(self.f32(x * one_w)), x.square().mean(dim=-1, keepdim=True)
 
 
 def gemma_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -282,8 +304,8 @@ def rank_step(
         cache = caches[li]
         ks, vs = fp32_scale(w["k_scale"]), fp32_scale(w["v_scale"])
 
-        h = st.bf16(gemma_norm(x, w["w_in"], eps))
-        qkv = st.f32(_gemv(h, w["qkv_w"], w["qkv_s"], f))
+        hp, ms = st.gemv_input(x, w["w_in"])
+        qkv = st.f32(_gemv(hp, w["qkv_w"], w["qkv_s"], f) * torch.rsqrt(ms + eps))
         q = qkv[:, :qr].reshape(n, Q, D)
         k = qkv[:, qr : qr + kr].reshape(n, K, D)
         v = qkv[:, qr + kr :].reshape(n, K, D)
@@ -307,22 +329,22 @@ def rank_step(
             attn[i * qpr : (i + 1) * qpr] = torch.einsum("tkgj,jkd->tkgd", p, vc).reshape(qpr, Q, D)
         attn = st.bf16(attn.reshape(n, qr))
 
-        part = st.f32(_gemv(attn, w["o_w"], w["o_s"], f))
+        part = st.bf16(_gemv(attn, w["o_w"], w["o_s"], f))
         partials[li, 0] = part
         total = yield (li, "attn", part)
         x = st.f32(x + total)
 
-        h = st.bf16(gemma_norm(x, w["w_post"], eps))
-        gu = st.f32(_gemv(h, w["gu_w"], w["gu_s"], f))
+        hp, ms = st.gemv_input(x, w["w_post"])
+        gu = st.f32(_gemv(hp, w["gu_w"], w["gu_s"], f) * torch.rsqrt(ms + eps))
         a = st.bf16(clamped_swiglu(gu[:, :mr], gu[:, mr:], m.swiglu_alpha, m.swiglu_limit))
-        part = st.f32(_gemv(a, w["d_w"], w["d_s"], f))
+        part = st.bf16(_gemv(a, w["d_w"], w["d_s"], f))
         partials[li, 1] = part
         total = yield (li, "mlp", part)
         x = st.f32(x + total)
 
     out = gemma_norm(x, weights.final_norm, eps)
     if st.kernel:
-        out = out.to(torch.bfloat16)
+        out = out.to(torch.float32).to(torch.bfloat16)
     return StepResult(out=out, kv=kv_all, kv_prequant=pre_all, written=written, partials=partials)
 
 
