@@ -345,6 +345,8 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
     INV_D = 1.0 / D
     Q_SCALE = LOG2E / math.sqrt(D)
     TILES = CHUNK // MFMA_N
+    TPW = -(-g.slots // CTAS)  # attention tasks one workgroup may get (2: slots < 2 CTAs)
+    ITEMS = -(-g.max_reqs * QPR * H // (CTAS * WAVES))  # combine rows one wave may get
     ARCH = g.arch
 
     # ---- the split plan: the same numbers in every workgroup and in both attention phases
@@ -375,15 +377,22 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
             start = start + k
         return part, reqs_info, start
 
-    def request_of(reqs_info, i):
-        """(length, first task, tasks) of request ``i`` (a runtime index)."""
-        length, first, tasks = reqs_info[0]
-        for k in range_constexpr(1, MAXR):
-            sel = i == k
-            length = sel.select(reqs_info[k][0], length)
-            first = sel.select(reqs_info[k][1], first)
-            tasks = sel.select(reqs_info[k][2], tasks)
-        return length, first, tasks
+    def pick(options, idx):
+        """``options[idx]`` (lists of DSL values, ``idx`` a runtime index) by selects."""
+        out = list(options[0])
+        for k in range_constexpr(1, len(options)):
+            sel = idx == k
+            out = [sel.select(a, b) for a, b in zip(options[k], out, strict=True)]
+        return out
+
+    def task_of(reqs_info, tau):
+        """[request, its length, its first task, its tasks] of task ``tau``: the request is
+        the number of requests whose tasks end at or before tau."""
+        req = fx.Int32(0)
+        for k in range_constexpr(MAXR - 1):
+            end = reqs_info[k][1] + reqs_info[k][2]
+            req = req + (tau >= end).select(fx.Int32(1), fx.Int32(0))
+        return [req, *pick(reqs_info, req)]
 
     @flyc.jit
     def flag_bad_block(health, step, layer, what, block):
@@ -559,14 +568,12 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
         r = wave * MFMA_N + nn  # query row of the request
         tok_in_req = r // H
         head = r % H
+        # the (at most TPW) tasks of this workgroup, decoded before the loop so the per-request
+        # plan is dead inside it (it would hold 3 scalar registers a request)
+        mine = [task_of(reqs_info, bid + k * CTAS) for k in range(TPW)]
         tau = bid
         while tau < ntasks:
-            # the task's request: the number of requests whose tasks end at or before tau
-            req = fx.Int32(0)
-            for k in range_constexpr(MAXR - 1):
-                end = reqs_info[k][1] + reqs_info[k][2]
-                req = req + (tau >= end).select(fx.Int32(1), fx.Int32(0))
-            length, first, tasks = request_of(reqs_info, req)
+            req, length, first, tasks = pick(mine, (tau - bid) // CTAS)
             p0 = (tau - first) * part
             p1 = p0 + part
             p1 = (p1 < length).select(p1, length)
@@ -640,13 +647,20 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
         lane = tid % WAVE
         wave = tid // WAVE
         part, reqs_info, ntasks = split_plan(n, seq_lens)
-        kappa = bid * WAVES + wave  # one (token, head) row per wave, 2 dims per lane
-        while kappa < n * H:
+        # one (token, head) row per wave item, 2 dims per lane; items decoded up front
+        items = []
+        for k in range_constexpr(ITEMS):
+            kappa = bid * WAVES + wave + k * (CTAS * WAVES)
             tok = kappa // H
-            head = kappa % H
             req = tok // QPR
+            req = (req < MAXR).select(req, fx.Int32(MAXR - 1))
+            _, first, tasks = pick(reqs_info, req)
+            tasks = (kappa < n * H).select(tasks, fx.Int32(0))
+            items.append([tok, kappa % H, first, tasks])
+        it = fx.Int32(0)
+        while it < ITEMS:
+            tok, head, first, tasks = pick(items, it)
             r = (tok % QPR) * H + head
-            length, first, tasks = request_of(reqs_info, req)
             if tasks > 1:
                 m_run = fx.Float32(NEG_BIG)
                 l_run = fx.Float32(0.0)
@@ -682,7 +696,7 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
                     scratch + g.off_attn + (fx.Int64(tok) * QR + fx.Int64(head * D + lane * 2)) * 2,
                     b[0],
                 )
-            kappa = kappa + CTAS * WAVES
+            it = it + 1
 
     return AttentionPhases(geometry=g, prep=prep, partial=partial, combine=combine)
 
