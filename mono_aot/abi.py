@@ -116,6 +116,7 @@ def describe_health(words: list[int] | tuple[int, ...]) -> str:
     detail = extra.get(status, f"block {peer}")
     return f"{reason} ({where}, {detail}, step {step})"
 
+
 REGION_ALIGN = 256
 
 
@@ -183,9 +184,7 @@ SYNC_ABORT = 2 * SYNC_LINE
 SYNC_HALF = 4 * SYNC_LINE
 SYNC_LAUNCHES = 2 * SYNC_HALF
 SYNC_BYTES = SYNC_LAUNCHES + SYNC_LINE
-# Per-token sums of squares for the RMSNorms, as int64 fixed point (order-independent atomic
-# adds: bit-identical on every rank and run).
-SS_SCALE = float(1 << 24)
+# Per-token sums of squares for the RMSNorms: fp32, one atomic add per workgroup and token.
 
 
 def ss_slots(layout: Layout) -> int:
@@ -201,7 +200,7 @@ def scratch_plan(layout: Layout, variant: Variant) -> BufferPlan:
     return _plan(
         [
             ("sync", SYNC_BYTES),  # grid barrier, abort word, launch counter
-            ("ss", 2 * ss_slots(layout) * t * 8),  # int64 [2 parities][slots][tokens]
+            ("ss", 2 * ss_slots(layout) * t * 4),  # fp32 [2 parities][slots][tokens]
             ("x", t * h * 4),  # fp32 residual stream
             ("h", t * h * 2),  # bf16 x * (1 + w): GEMV input, normalised in its epilogue
             ("qkv", t * layout.qkv_rows_per_rank * 4),  # fp32 projection output

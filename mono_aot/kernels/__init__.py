@@ -57,16 +57,18 @@ def build_drafter(layout: Layout, arch: str, wait_ticks: int, *, gemm: str | Non
     return make_launcher(_spec(layout, arch, "narrow", wait_ticks, gemm))
 
 
-def build_wide(layout: Layout, arch: str, base: int, wait_ticks: int, *, gemm: str | None = None) -> Any:
+def build_wide(
+    layout: Layout, arch: str, base: int, wait_ticks: int, *, gemm: str | None = None
+) -> Any:
     """The wide kernel's launcher: chunks of ``base`` (the layout's ``wide_base``) up to
     ``chunk_reqs`` requests."""
-    from mono_aot.kernels.drafter import make_launcher
-
     if base != layout.serving.wide_base:
         raise BadInput(
             f"build_wide(base={base}): layout {layout.name} has wide_base="
             f"{layout.serving.wide_base}; the narrow kernel is sized by it"
         )
+    from mono_aot.kernels.drafter import make_launcher
+
     return make_launcher(_spec(layout, arch, "wide", wait_ticks, gemm))
 
 

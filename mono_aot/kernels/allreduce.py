@@ -78,19 +78,37 @@ def push(k: KernelCtx, n: Any, tile: Any, layer: Any, kind: int) -> None:
         e0 = (v // VPT) * RS + (v % VPT) * 8
         a = fx.generic_load(tile4 + e0, count=4)
         b = fx.generic_load(tile4 + (e0 + 4), count=4)
-        words = [bf16_pack(a[0], a[1]), bf16_pack(a[2], a[3]), bf16_pack(b[0], b[1]), bf16_pack(b[2], b[3])]
+        words = [
+            bf16_pack(a[0], a[1]),
+            bf16_pack(a[2], a[3]),
+            bf16_pack(b[0], b[1]),
+            bf16_pack(b[2], b[3]),
+        ]
         dst = _region(k, _pick(k.pe, d), "mbox", kind, parity) + blk + fx.Int64(v) * 16
         fx.generic_store(gptr(fx.Int32, dst, 16), fx.Vector.from_elements(words, fx.Int32))
         idx = idx + k.threads
     fx.memory_fence(syncscope=None, ordering=fx.AtomicOrdering.Release)  # every wave, system scope
     fx.gpu.barrier()
     if k.tid < tp:
-        flag = _region(k, _pick(k.pe, k.tid), "flags", kind, parity) + (fx.Int64(k.bid) * tp + fx.Int64(k.rank)) * 4
+        flag = (
+            _region(k, _pick(k.pe, k.tid), "flags", kind, parity)
+            + (fx.Int64(k.bid) * tp + fx.Int64(k.rank)) * 4
+        )
         fx.atomic_xchg(gptr(fx.Int32, flag), tg, syncscope=None, ordering=fx.AtomicOrdering.Release)
 
 
 @flyc.jit
-def receive(k: KernelCtx, n: Any, layer: Any, kind: int, phase: int, w_norm: Any, slot: Any, sq: Any, st: Any) -> Any:
+def receive(
+    k: KernelCtx,
+    n: Any,
+    layer: Any,
+    kind: int,
+    phase: int,
+    w_norm: Any,
+    slot: Any,
+    sq: Any,
+    st: Any,
+) -> Any:
     """Wait for every rank's block of this workgroup's rows, then ``x += sum`` (rank order),
     ``h = bf16(x * (1 + w_norm))`` and the norm sum ``slot``. Returns the status."""
     tp = k.lay.parallel.tp
@@ -102,7 +120,9 @@ def receive(k: KernelCtx, n: Any, layer: Any, kind: int, phase: int, w_norm: Any
         s2 = fx.Int32(st)
         for src in range_constexpr(tp):
             if s2 == 0:
-                s2 = wait_word(k, flags + src * 4, tg, True, True, abi.STATUS_PEER_TIMEOUT, what, fx.Int32(src))
+                s2 = wait_word(
+                    k, flags + src * 4, tg, True, True, abi.STATUS_PEER_TIMEOUT, what, fx.Int32(src)
+                )
         k.sync_lds[0] = s2
     fx.gpu.barrier()
     out = k.sync_lds[0]

@@ -220,7 +220,9 @@ class KernelCtx:
 
     def tab_at(self, layer: Any, slot: int) -> Any:
         """The Int64 in the pointer table at ``tab[layer, slot]``."""
-        return gptr(fx.Int64, self.addr["tab"] + fx.Int64(layer) * (abi.TABLE_SLOTS * 8) + slot * 8).load()
+        return gptr(
+            fx.Int64, self.addr["tab"] + fx.Int64(layer) * (abi.TABLE_SLOTS * 8) + slot * 8
+        ).load()
 
     def stacked(self, name: str, layer: Any, bytes_per_layer: int) -> Any:
         """Address of layer ``layer``'s slab of a weight stacked over layers."""

@@ -107,9 +107,13 @@ def _check(layout: Layout, variant: str, wait_ticks: int) -> None:
     if variant not in layout.variants():
         raise BadInput(f"layout {layout.name} has no {variant} kernel (wide_base is 1)")
     if layout.parallel.tp != SUPPORTED_TP:
-        raise MonoUnsupported(f"layout {layout.name}: tp={layout.parallel.tp}; the kernels are written for tp=4")
+        raise MonoUnsupported(
+            f"layout {layout.name}: tp={layout.parallel.tp}; the kernels are written for tp=4"
+        )
     if layout.serving.qpr % 8:
-        raise MonoUnsupported(f"layout {layout.name}: qpr={layout.serving.qpr} must be a multiple of 8")
+        raise MonoUnsupported(
+            f"layout {layout.name}: qpr={layout.serving.qpr} must be a multiple of 8"
+        )
     if not isinstance(wait_ticks, int) or not 0 < wait_ticks < (1 << 62):
         raise BadInput(f"wait_ticks={wait_ticks!r} must be a positive integer")
 
@@ -179,7 +183,9 @@ def make_launcher(spec: KernelSpec) -> Any:
     @flyc.jit
     def ph_prep(k0, layer):
         k = k0.fresh()
-        attn.prep(k.bid, k.tid, layer, k.n, k.tab, k.scratch, k.cos_sin, k.pos, k.slots, k.health, k.step)
+        attn.prep(
+            k.bid, k.tid, layer, k.n, k.tab, k.scratch, k.cos_sin, k.pos, k.slots, k.health, k.step
+        )
 
     @flyc.jit
     def ph_partial(k0, layer):
@@ -219,7 +225,9 @@ def make_launcher(spec: KernelSpec) -> Any:
             phase = abi.PH_AR_ATTN
         else:
             nxt = layer + 1
-            w_norm = (nxt < L).select(k.tab_at(fx.arith.min(nxt, fx.Int32(L - 1)), abi.T_W_IN), k.final_norm)
+            w_norm = (nxt < L).select(
+                k.tab_at(fx.arith.min(nxt, fx.Int32(L - 1)), abi.T_W_IN), k.final_norm
+            )
             phase = abi.PH_AR_MLP
         return allreduce.receive(k, k.n, layer, kind, phase, w_norm, layer * 2 + 1 + kind, tile, st)
 
@@ -259,7 +267,8 @@ def make_launcher(spec: KernelSpec) -> Any:
                 gptr(fx.Int32, hdr).store(k.step_value)
                 gptr(fx.Int32, hdr + 4).store(k.seq)
 
-    @flyc.kernel(name=spec.name, known_block_size=[threads, 1, 1])
+    # FlyDSL names an unnamed kernel "<function>_0"; the build expects KERNEL_NAMES[v] + "_0"
+    @flyc.kernel(name=spec.name + "_0", known_block_size=[threads, 1, 1])
     def drafter_kernel(
         x: fx.Int64, out: fx.Int64, tab: fx.Int64,
         qkv_w: fx.Int64, qkv_s: fx.Int64, o_w: fx.Int64, o_s: fx.Int64,

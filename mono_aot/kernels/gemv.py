@@ -63,7 +63,9 @@ class GemvPlan:
         if self.pairs and self.rows % 2:
             problems.append(f"rows={self.rows} of a pair plan must be even")
         if self.seg_rows < self.ctas:
-            problems.append(f"{self.seg_rows} rows for {self.ctas} workgroups: every one needs a row")
+            problems.append(
+                f"{self.seg_rows} rows for {self.ctas} workgroups: every one needs a row"
+            )
         if self.values_per_lane > WAVE:
             problems.append(
                 f"{self.per_wave} rows per wave x {self.group} tokens exceed the {WAVE} lanes of "
@@ -139,6 +141,10 @@ class GemvPlan:
         return self.rows * self.cols
 
 
+def _halves(P: GemvPlan) -> int:
+    return 2 if P.pairs else 1
+
+
 def _halving_sum(lists: list[list[Any]], lane: Any) -> list[Any]:
     """Reduce each list (same power-of-two length V) over the 64 lanes; afterwards lane ``l``
     holds element ``l >> (6 - log2 V)`` of each list's lane-sum."""
@@ -153,14 +159,18 @@ def _halving_sum(lists: list[list[Any]], lane: Any) -> list[Any]:
                 lo, hi = vals[:half], vals[half:]
                 keep = [up.select(h, l_) for l_, h in zip(lo, hi, strict=True)]
                 send = [up.select(l_, h) for l_, h in zip(lo, hi, strict=True)]
-                nxt.append([kk + fx.shuffle_xor(ss, o, WAVE) for kk, ss in zip(keep, send, strict=True)])
+                nxt.append(
+                    [kk + fx.shuffle_xor(ss, o, WAVE) for kk, ss in zip(keep, send, strict=True)]
+                )
             cur = nxt
         else:
             cur = [[v[0] + fx.shuffle_xor(v[0], o, WAVE)] for v in cur]
     return [v[0] for v in cur]
 
 
-def _fma_tokens(acc: list[list[Any]], wf: list[list[Any]], hl: Any, lane: Any, t0: int, t1: int) -> list[list[Any]]:
+def _fma_tokens(
+    acc: list[list[Any]], wf: list[list[Any]], hl: Any, lane: Any, t0: int, t1: int
+) -> list[list[Any]]:
     """acc[m][t] += dot(wf[m], x[t]) for tokens t0..t1-1 of the staged tile."""
     acc = [list(a) for a in acc]
     for t in range(t0, t1):
@@ -196,7 +206,7 @@ def _group(g: int, wg, tid, w, s, x, n, red, P: GemvPlan, emit: Callable[..., No
     wave = fx.Int32(rocdl.readfirstlane(T.i32, tid // WAVE))
     r0 = (wg * NR) // P.ctas
     cnt = ((wg + 1) * NR) // P.ctas - r0
-    nloc = cnt * 2 if P.pairs else cnt  # local rows: [gate rows | up rows] for pair plans
+    nloc = cnt * _halves(P)  # local rows: [gate rows | up rows] for pair plans
     # the wave's local rows wave + j * NW; past nloc: load a valid row, never emitted
     w_lane = []
     for j in range_constexpr(PW):
@@ -208,7 +218,10 @@ def _group(g: int, wg, tid, w, s, x, n, red, P: GemvPlan, emit: Callable[..., No
             row = r0 + i
         w_lane.append(w + fx.Int64(row) * K + fx.Int64(lane * LANE_K))
     stage = fx.recast_iter(fx.Pointer[fx.Int32, fx.AddressSpace.Shared, 16].ir_type, red)
-    outt = fx.recast_iter(fx.Pointer[fx.Float32, fx.AddressSpace.Shared, 16].ir_type, red) + P.stage_bytes // 4
+    outt = (
+        fx.recast_iter(fx.Pointer[fx.Float32, fx.AddressSpace.Shared, 16].ir_type, red)
+        + P.stage_bytes // 4
+    )
     VEC = G * KT * 2 // 16  # 16-byte vectors of the staging tile
     VROW = KT * 2 // 16  # per token
     last = fx.max(n - 1, fx.Int32(0))

@@ -6,8 +6,10 @@ so a workgroup updates exactly the rows it reduced from the peers.
 
 RMSNorm is split in two so it needs no phase of its own: where ``x`` is updated, the
 workgroup writes ``h = bf16(x * (1 + w))`` and adds its rows' ``sum(x^2)`` per token to a
-global int64 fixed-point sum (a fixed-order sum inside the workgroup, then an atomic add that
-is exact and order-independent: the same bits on every rank and every run). The GEMV that
+global fp32 sum (a fixed-order sum inside the workgroup, then one agent-scope atomic add per
+workgroup and token: the order of those adds varies, so the last bits of a norm scale may
+differ between runs and ranks; a fixed-point sum would be order-independent but cannot span
+the dynamic range of residual streams, from embeddings to outlier channels). The GEMV that
 consumes ``h`` multiplies each token's result by ``rstd = rsqrt(ss / hidden + eps)``, which
 factors out of the dot product.
 """
@@ -53,7 +55,9 @@ def hidden_split(k: KernelCtx) -> HiddenSplit:
 
 def exp2(x: Any) -> Any:
     """``v_exp_f32`` (no device library)."""
-    return fx.Float32(llvm.call_intrinsic(T.f32, "llvm.amdgcn.exp2.f32", [fx.Float32(x).ir_value()], [], []))
+    return fx.Float32(
+        llvm.call_intrinsic(T.f32, "llvm.amdgcn.exp2.f32", [fx.Float32(x).ir_value()], [], [])
+    )
 
 
 def swiglu(k: KernelCtx, gate: Any, up: Any) -> Any:
@@ -84,15 +88,14 @@ def load_bf16(addr: Any) -> Any:
 
 
 def rstd_of(k: KernelCtx, ss: Any) -> Any:
-    """``rsqrt(mean(x^2) + eps)`` from an int64 fixed-point sum of squares over hidden."""
-    inv = 1.0 / (abi.SS_SCALE * k.lay.model.hidden)
-    return fx.math.rsqrt(fx.Int64(ss).to(fx.Float32) * inv + float(k.lay.model.norm_eps))
+    """``rsqrt(mean(x^2) + eps)`` from the sum of squares over hidden."""
+    return fx.math.rsqrt(fx.Float32(ss) * (1.0 / k.lay.model.hidden) + float(k.lay.model.norm_eps))
 
 
 def ss_addr(k: KernelCtx, slot: Any) -> Any:
     """Int64 address of norm sum ``slot`` (0 .. 2L) of this launch's parity (``k.par``)."""
-    per = abi.ss_slots(k.lay) * k.n_max * 8
-    return k.scr("ss") + fx.Int64(k.par) * per + fx.Int64(slot) * (k.n_max * 8)
+    per = abi.ss_slots(k.lay) * k.n_max * 4
+    return k.scr("ss") + fx.Int64(k.par) * per + fx.Int64(slot) * (k.n_max * 4)
 
 
 @flyc.jit
@@ -100,12 +103,12 @@ def zero_other_parity(k: KernelCtx) -> None:
     """Workgroup 0 at launch start: zero the ss sums and sync words of the other parity, which
     the next launch on this scratch uses."""
     if k.bid == 0:
-        per = abi.ss_slots(k.lay) * k.n_max  # int64 words of one parity
+        per = abi.ss_slots(k.lay) * k.n_max  # fp32 words of one parity
         other = 1 - k.par
-        base = k.scr("ss") + fx.Int64(other) * (per * 8)
+        base = k.scr("ss") + fx.Int64(other) * (per * 4)
         i = k.tid
         while i < per:
-            gptr(fx.Int64, base + fx.Int64(i) * 8).store(fx.Int64(0))
+            gptr(fx.Float32, base + fx.Int64(i) * 4).store(fx.Float32(0.0))
             i = i + k.threads
         if k.tid < abi.SYNC_HALF // 4:
             half = k.scr("sync") + fx.Int64(other) * abi.SYNC_HALF
@@ -120,14 +123,16 @@ def load_rstd(k: KernelCtx, slot: Any, n: Any, rstd_lds: Any) -> None:
     if t < k.n_max:
         r = fx.Float32(0.0)
         if t < n:
-            ss = gptr(fx.Int64, ss_addr(k, slot) + fx.Int64(t) * 8).load()
+            ss = gptr(fx.Float32, ss_addr(k, slot) + fx.Int64(t) * 4).load()
             r = rstd_of(k, ss)
         rstd_lds[t] = r
     fx.gpu.barrier()
 
 
 @flyc.jit
-def absorb(k: KernelCtx, n: Any, add_fn: Any, replace: bool, w_norm: Any, slot: Any, sq: Any) -> None:
+def absorb(
+    k: KernelCtx, n: Any, add_fn: Any, replace: bool, w_norm: Any, slot: Any, sq: Any
+) -> None:
     """The workgroup's hidden rows of every token: ``x = add`` (``replace``) or ``x += add``
     (``add_fn(t, i)`` gives the f32 to add for token t, local row i), then ``h = bf16(x * (1 +
     w_norm))`` and the rows' ``sum(x^2)`` into norm sum ``slot``. ``sq``: LDS f32
@@ -162,10 +167,9 @@ def absorb(k: KernelCtx, n: Any, add_fn: Any, replace: bool, w_norm: Any, slot: 
     t = k.tid
     if t < n:
         s = fx.Float32(0.0)
-        for j in range_constexpr(RS):  # fixed order: the same bits in every run
+        for j in range_constexpr(RS):  # fixed order inside the workgroup
             s = s + sq[t * RS + j]
-        q = (s * abi.SS_SCALE).to(fx.Int64)
-        fx.atomic_add(gptr(fx.Int64, ss_addr(k, slot) + fx.Int64(t) * 8), q, syncscope=AGENT)
+        fx.atomic_add(gptr(fx.Float32, ss_addr(k, slot) + fx.Int64(t) * 4), s, syncscope=AGENT)
     fx.gpu.barrier()
 
 

@@ -51,7 +51,14 @@ def record_failure(k: KernelCtx, code: int, what: Any, detail: Any) -> None:
 
 @flyc.jit
 def wait_word(
-    k: KernelCtx, addr: Any, want: Any, until_equal: bool, system: bool, code: int, what: Any, detail: Any
+    k: KernelCtx,
+    addr: Any,
+    want: Any,
+    until_equal: bool,
+    system: bool,
+    code: int,
+    what: Any,
+    detail: Any,
 ) -> Any:
     """One thread: poll the int32 at ``addr`` until it equals ``want`` (``until_equal``) or
     differs from it, with acquire loads of system (a peer's memory) or agent scope. Bounded by
@@ -104,12 +111,16 @@ def grid_barrier(k: KernelCtx, st: Any, what: Any) -> Any:
             cnt = gptr(fx.Int32, k.sync + abi.SYNC_COUNT)
             gen = gptr(fx.Int32, k.sync + abi.SYNC_GEN)
             g = fx.generic_load(gen, memory_order=_MONO, syncscope=AGENT)
-            old = fx.atomic_add(cnt, fx.Int32(1), syncscope=AGENT, ordering=fx.AtomicOrdering.AcqRel)
+            old = fx.atomic_add(
+                cnt, fx.Int32(1), syncscope=AGENT, ordering=fx.AtomicOrdering.AcqRel
+            )
             if old == k.nwg - 1:
                 fx.generic_store(cnt, fx.Int32(0), memory_order=_MONO, syncscope=AGENT)
                 fx.atomic_add(gen, fx.Int32(1), syncscope=AGENT, ordering=_REL)
             else:
-                s2 = wait_word(k, k.sync + abi.SYNC_GEN, g, False, False, abi.STATUS_BARRIER_TIMEOUT, what, g)
+                s2 = wait_word(
+                    k, k.sync + abi.SYNC_GEN, g, False, False, abi.STATUS_BARRIER_TIMEOUT, what, g
+                )
         k.sync_lds[0] = s2
     fx.gpu.barrier()
     out = k.sync_lds[0]
