@@ -38,7 +38,7 @@ import flydsl.expr as fx
 from flydsl.expr import const_expr, range_constexpr, rocdl
 from flydsl.expr.typing import T
 
-from mono_aot.layouts import Layout
+from mono_aot.layouts import Layout, Variant
 
 WAVE = 64
 TILE = 16  # rows (A) and tokens (B) of one v_mfma_f32_16x16x16_bf16 tile
@@ -190,20 +190,24 @@ class GemmPlan:
 MFMA_K: dict[str, int] = {"gfx942": 16, "gfx950": 32}  # the bf16 MFMA each arch runs at full rate
 
 
-def wide_plans(
-    layout: Layout, arch: str, lds_budget: int = DEFAULT_LDS_BUDGET
+def plans_for(
+    layout: Layout, arch: str, variant: Variant = "wide", lds_budget: int = DEFAULT_LDS_BUDGET
 ) -> dict[str, GemmPlan]:
-    """The four projections of a layer for the wide variant on ``arch``.
+    """The four projections of a layer (per rank) for ``variant`` on ``arch``.
 
     qkv: ``[qkv_rows, hidden]``; o: ``[hidden, o_cols]``; gu: ``[2 * mlp, hidden]`` as a pair
-    matrix (gate row j with up row j); down: ``[hidden, mlp]``. All per rank.
+    matrix (gate row j with up row j); down: ``[hidden, mlp]``. Token tiles cover the variant's
+    request range (the versions below its fewest tokens are not built: the smallest one serves
+    them); the MFMA is the arch's full-rate bf16 one.
     """
+    if arch not in MFMA_K:
+        raise ValueError(f"no MFMA GEMM for arch {arch!r} (supported: {', '.join(sorted(MFMA_K))})")
     common = {
         "ctas": layout.ctas(arch),
-        "max_tokens": layout.variant_tokens("wide"),
+        "max_tokens": layout.variant_tokens(variant),
         "threads": layout.kernel.threads,
         "lds_budget": lds_budget,
-        "min_tokens": layout.variant_reqs("wide")[0] * layout.serving.qpr,
+        "min_tokens": layout.variant_reqs(variant)[0] * layout.serving.qpr,
         "mfma_k": MFMA_K[arch],
     }
     h = layout.model.hidden
@@ -213,6 +217,13 @@ def wide_plans(
         "gu": GemmPlan(layout.gu_rows_per_rank, h, pairs=True, **common),
         "down": GemmPlan(h, layout.mlp_per_rank, **common),
     }
+
+
+def wide_plans(
+    layout: Layout, arch: str, lds_budget: int = DEFAULT_LDS_BUDGET
+) -> dict[str, GemmPlan]:
+    """``plans_for(layout, arch, "wide", lds_budget)``."""
+    return plans_for(layout, arch, "wide", lds_budget)
 
 
 # ---------------------------------------------------------------------------------------------

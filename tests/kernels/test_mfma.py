@@ -105,6 +105,12 @@ def test_unknown_arch_is_named(layout):
         mfma.wide_plans(layout, "gfx940")
 
 
+def test_narrow_plans_cover_the_narrow_token_range(layout):
+    p = mfma.plans_for(layout, "gfx942", "narrow")["gu"]
+    assert (p.min_tokens, p.max_tokens) == (8, 16)  # 1..2 requests of 8 tokens
+    assert (p.min_token_tiles, p.token_tiles) == (1, 1)  # a single version
+
+
 # ---------------------------------------------------------------------------------------------
 # host emulation of one phase with the kernel's index functions
 # ---------------------------------------------------------------------------------------------
