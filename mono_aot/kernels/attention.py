@@ -103,6 +103,46 @@ class AttnGeometry:
     def lds_bytes(self) -> int:
         return self.v_base + self.chunk * self.head_dim
 
+    # ---- where each lane's MFMA operands live. Plain arithmetic, so the kernel calls these
+    # with DSL values and the tests with ints (tests/kernels/test_attention.py emulates the
+    # lanes and the documented MFMA register layout with them). ``nn`` = lane % 16 (a query
+    # row of the wave's 16), ``grp`` = lane // 16.
+
+    def stage_k_word(self, srow, seg):
+        """LDS int32 word where staging thread (srow, seg < 4) puts its 32 K bytes."""
+        return srow * (self.k_stride // 4) + seg * 8
+
+    def stage_v_word(self, srow, seg):
+        """LDS int32 word where staging thread (srow, seg >= 4) puts its 32 V bytes."""
+        return self.v_base // 4 + srow * (self.head_dim // 4) + (seg - 4) * 8
+
+    def k_frag_word(self, tile, nn, grp):
+        """First of the 8 words (K dims ``qk_dim(grp, 0..7, 0..3)``) of position
+        ``tile * 16 + nn`` a lane feeds to ``S^T = K Q^T`` as operand A."""
+        return (tile * MFMA_N + nn) * (self.k_stride // 4) + grp * 8
+
+    def qk_dim(self, grp, step, e):
+        """The head dim of element ``e`` of k-step ``step`` of a lane's A (K) and B (q) operands."""
+        return grp * 32 + step * 4 + e
+
+    def score_pos(self, tile, grp, j):
+        """Chunk position of element ``j`` of a lane's S^T accumulator (and of its P^T operand)."""
+        return tile * MFMA_N + grp * 4 + j
+
+    def v_frag_word(self, tile, grp, j, nn):
+        """The 2 words (V dims ``v_dim(nn, 0..7)``) of position ``score_pos(tile, grp, j)`` a
+        lane feeds to ``O^T = V^T P^T`` as operand A (element j of M-tile t is byte t)."""
+        return self.v_base // 4 + self.score_pos(tile, grp, j) * (self.head_dim // 4) + nn * 2
+
+    def v_dim(self, nn, t):
+        """The head dim of byte ``t`` of a lane's V fragment (row ``nn`` of M-tile ``t``)."""
+        return nn * 8 + t
+
+    def out_dim(self, grp, j, t):
+        """The head dim of element ``j`` of a lane's O^T accumulator of M-tile ``t``
+        (``v_dim(4 * grp + j, t)``): a lane ends with dims 32 grp .. 32 grp + 31."""
+        return self.v_dim(grp * 4 + j, t)
+
     @property
     def prep_tasks_per_token(self) -> int:
         """Wave tasks of the prep phase per token: q head pairs, then K+V."""
@@ -338,7 +378,7 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
     WAVES, CTAS, KB = g.waves, g.ctas, g.kv_block
     QKV, QR = g.qkv_rows, g.q_rows
     TPT = g.prep_tasks_per_token
-    CHUNK, KSTR, VBASE = g.chunk, g.k_stride, g.v_base
+    CHUNK = g.chunk
     MAXR = g.max_reqs
     FP8_MAX = g.fp8_max
     EPS = g.eps
@@ -511,7 +551,7 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
         lv = _lds(lds, 8)
         sc = []
         for tile in range_constexpr(TILES):
-            kw = (tile * MFMA_N + nn) * (KSTR // 4) + grp * 8  # int32 words
+            kw = g.k_frag_word(tile, nn, grp)  # int32 words
             k0 = fx.Vector(fx.generic_load(lk + kw, count=4))
             k1 = fx.Vector(fx.generic_load(lk + (kw + 4), count=4))
             words = [k0[0], k0[1], k0[2], k0[3], k1[0], k1[1], k1[2], k1[3]]
@@ -520,7 +560,7 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
                 f = _fp8x4_to_f32(words[st])
                 s = _mfma(_bf16x4_exact(f[0], f[1], f[2], f[3]), qb[st], s)
             for j in range_constexpr(4):
-                ok = (c0 + (tile * MFMA_N + j) + grp * 4) < p1
+                ok = (c0 + g.score_pos(tile, grp, j)) < p1
                 sc.append(ok.select(s[j], fx.Float32(-math.inf)))
         mx = sc[0]
         for e in range_constexpr(1, len(sc)):
@@ -538,7 +578,7 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
             pb = _bf16x4_round(pr[tile * 4 : tile * 4 + 4], ARCH)
             vals = []
             for j in range_constexpr(4):
-                vw = (VBASE // 4) + (tile * MFMA_N + grp * 4 + j) * (D // 4) + nn * 2
+                vw = g.v_frag_word(tile, grp, j, nn)
                 v = fx.Vector(fx.generic_load(lv + vw, count=2))
                 vals.append(_fp8x4_to_f32(v[0]) + _fp8x4_to_f32(v[1]))
             acc = [
@@ -561,9 +601,7 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
         q_scale = k_scale * Q_SCALE  # scores in log2 units, K's scale folded in
         srow = tid // 8  # staging: this thread's row of the chunk and 32-byte segment
         seg = tid % 8
-        st_word = (seg < 4).select(
-            srow * (KSTR // 4) + seg * 8, (VBASE // 4) + srow * (D // 4) + (seg - 4) * 8
-        )
+        st_word = (seg < 4).select(g.stage_k_word(srow, seg), g.stage_v_word(srow, seg))
         lst = _lds(lds, 16)
         r = wave * MFMA_N + nn  # query row of the request
         tok_in_req = r // H
@@ -579,7 +617,11 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
             p1 = (p1 < length).select(p1, length)
             tok = req * QPR + tok_in_req
             # q of this lane's row, dims 32*grp .. +32, scaled, as 8 bf16x4 MFMA operands
-            qa = scratch + g.off_qkv + (fx.Int64(tok) * QKV + fx.Int64(head * D + grp * 32)) * 4
+            qa = (
+                scratch
+                + g.off_qkv
+                + (fx.Int64(tok) * QKV + fx.Int64(head * D + g.qk_dim(grp, 0, 0))) * 4
+            )
             qf = []
             for u in range_constexpr(8):
                 v = fx.Vector(_ld(fx.Float32, qa + u * 16, 4))
@@ -610,6 +652,7 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
                 c0 = c0 + CHUNK
             ltot = _xor_sum(lsum, (16, 32))
             # lane holds O^T[dim 32*grp + 8*j + t][row r] in acc[t][j]
+            # out[e] is head dim 32 grp + e: out_dim(grp, j, t) = 32 grp + 8 j + t
             out = [acc[e % 8][e // 8] * v_scale for e in range(32)]
             if tasks == 1:
                 inv = (ltot > 0.0).select(1.0 / ltot, fx.Float32(0.0))

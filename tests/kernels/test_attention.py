@@ -186,6 +186,96 @@ def test_split_never_needs_more_slots_than_the_scratch_has(arch, lens):
         assert k >= 1 and k * part >= s and (k - 1) * part < max(s, 1)
 
 
+# ---------------------------------------------------------------- the lanes' operand layout, emulated
+
+
+def _mfma_16x16x16(a_lanes, b_lanes):
+    """``v_mfma_f32_16x16x16_bf16`` on per-lane operands, as the CDNA3 ISA lays them out:
+    lane l holds A[l % 16][4 (l // 16) + e] and B[4 (l // 16) + e][l % 16] (e = 0..3) and gets
+    D[4 (l // 16) + e][l % 16]."""
+    a = torch.zeros((16, 16), dtype=torch.float64)
+    b = torch.zeros((16, 16), dtype=torch.float64)
+    for lane in range(64):
+        for e in range(4):
+            a[lane % 16, 4 * (lane // 16) + e] = a_lanes[lane][e]
+            b[4 * (lane // 16) + e, lane % 16] = b_lanes[lane][e]
+    d = a @ b
+    return [[float(d[4 * (lane // 16) + e, lane % 16]) for e in range(4)] for lane in range(64)]
+
+
+def test_lane_layout_computes_both_products():
+    """One staged chunk through the kernel's index functions and the ISA's MFMA register
+    layout gives ``S = q K^T`` and ``O = P V`` (every position, row and dim in its place)."""
+    from mono_aot.fp8 import decode, format_for_arch
+
+    g = _attention().AttnGeometry.build(resolve_layout(LAYOUT_NAME), "gfx942", "wide")
+    fmt = format_for_arch("gfx942")
+    D, C = g.head_dim, g.chunk
+    gen = torch.Generator().manual_seed(3)
+    rows = torch.randint(0, 256, (C, 2 * D), generator=gen, dtype=torch.int64).to(torch.uint8)
+    rows[rows == fmt.nan_code] = 0
+    kv = decode(rows, fmt, torch.float64)
+    k, v = kv[:, :D], kv[:, D:]
+    # staging: thread (srow, seg) puts its 32 bytes of cache row srow at its LDS word
+    lds = torch.full((g.lds_bytes,), -1, dtype=torch.int64)
+    for tid in range(g.threads):
+        srow, seg = tid // 8, tid % 8
+        word = g.stage_k_word(srow, seg) if seg < 4 else g.stage_v_word(srow, seg)
+        at = slice(word * 4, word * 4 + 32)
+        assert bool((lds[at] == -1).all())  # no two threads write the same bytes
+        lds[at] = rows[srow, seg * 32 : seg * 32 + 32].to(torch.int64)
+    table = decode(torch.arange(256, dtype=torch.int64).to(torch.uint8), fmt, torch.float64)
+
+    def byte(word, off):
+        code = int(lds[word * 4 + off])
+        assert code >= 0, "read an LDS byte nobody staged"
+        return float(table[code])
+
+    q = torch.randn((16, D), generator=gen, dtype=torch.float64)
+    p = torch.rand((16, C), generator=gen, dtype=torch.float64)
+    s_emul = torch.full((16, C), torch.nan, dtype=torch.float64)
+    o_emul = torch.full((16, D), torch.nan, dtype=torch.float64)
+    lanes = [(lane % 16, lane // 16) for lane in range(64)]
+    o_acc = [[[0.0] * 4 for _ in range(64)] for _ in range(8)]
+    for tile in range(C // 16):
+        acc = [[0.0] * 4 for _ in range(64)]
+        for st_ in range(8):
+            a = [
+                [byte(g.k_frag_word(tile, nn, grp), 4 * st_ + e) for e in range(4)]
+                for nn, grp in lanes
+            ]
+            b = [[float(q[nn, g.qk_dim(grp, st_, e)]) for e in range(4)] for nn, grp in lanes]
+            d = _mfma_16x16x16(a, b)
+            acc = [
+                [x + y for x, y in zip(r, dr, strict=True)] for r, dr in zip(acc, d, strict=True)
+            ]
+        for lane, (nn, grp) in enumerate(lanes):
+            for j in range(4):
+                s_emul[nn, g.score_pos(tile, grp, j)] = acc[lane][j]
+        b = [[float(p[nn, g.score_pos(tile, grp, e)]) for e in range(4)] for nn, grp in lanes]
+        for t in range(8):
+            a = [[byte(g.v_frag_word(tile, grp, j, nn), t) for j in range(4)] for nn, grp in lanes]
+            d = _mfma_16x16x16(a, b)
+            o_acc[t] = [
+                [x + y for x, y in zip(r, dr, strict=True)]
+                for r, dr in zip(o_acc[t], d, strict=True)
+            ]
+    for t in range(8):
+        for lane, (nn, grp) in enumerate(lanes):
+            for j in range(4):
+                o_emul[nn, g.out_dim(grp, j, t)] = o_acc[t][lane][j]
+    assert torch.allclose(s_emul, q @ k.T, rtol=1e-12, atol=1e-9)
+    assert torch.allclose(o_emul, p @ v, rtol=1e-12, atol=1e-9)
+    # what the kernel's contiguous loads and stores assume about those functions
+    for grp in range(4):
+        assert [g.qk_dim(grp, u, e) for u in range(8) for e in range(4)] == list(
+            range(32 * grp, 32 * grp + 32)
+        )
+        assert [g.out_dim(grp, e // 8, e % 8) for e in range(32)] == list(
+            range(32 * grp, 32 * grp + 32)
+        )
+
+
 # ---------------------------------------------------------------- on a GPU, against the reference
 
 HEAD_Q_ROWS = 2048  # q rows of a rank on the test layout (16 heads x 128)
