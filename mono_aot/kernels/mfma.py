@@ -334,12 +334,14 @@ def _fp8x4_to_bf16x4(word: Any) -> tuple[Any, Any]:
     out = []
     for hi in (False, True):
         f2 = fx.Vector(rocdl.cvt_pk_f32_fp8(T.f32x2, word, hi))
-        lo_bits = f2[0].bitcast(fx.Int32)
-        hi_bits = f2[1].bitcast(fx.Int32)
-        out.append(
-            fx.Int32(rocdl.perm_b32(hi_bits, lo_bits, fx.Int32(BF16_PAIR_FROM_F32_HIGH_HALVES)))
-        )
+        out.append(bf16_pair(f2[0].bitcast(fx.Int32), f2[1].bitcast(fx.Int32)))
     return out[0], out[1]
+
+
+def bf16_pair(lo_bits: Any, hi_bits: Any) -> Any:
+    """The high halves of two f32 bit patterns packed into one i32, ``lo``'s in bits 0..15
+    (one v_perm_b32): the bf16 pair when the low halves are zero."""
+    return fx.Int32(rocdl.perm_b32(hi_bits, lo_bits, fx.Int32(BF16_PAIR_FROM_F32_HIGH_HALVES)))
 
 
 def _operand(words: list[Any]) -> Any:

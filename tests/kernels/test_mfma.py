@@ -263,15 +263,30 @@ PROVIDER = '''
 """Test provider: K3's standalone four-projection MFMA kernel."""
 from mono_aot.kernels import mfma
 
-KERNEL_NAMES = {"wide": mfma.STANDALONE_KERNEL}
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+
+KERNEL_NAMES = {"wide": mfma.STANDALONE_KERNEL, "perm": "k3_perm_probe"}
+
+
+@flyc.kernel(known_block_size=[64, 1, 1])
+def k3_perm_probe(out: fx.Int64):
+    # constant operands: LLVM folds the v_perm_b32 and the ISA shows its result
+    word = mfma.bf16_pair(fx.Int32(0x88776655), fx.Int32(0x44332211))
+    fx.generic_store(fx.inttoptr(fx.Pointer[fx.Int32, fx.AddressSpace.Global, 4].ir_type, out), word)
+
+
+@flyc.jit
+def launch_perm(out: fx.Int64, stream: fx.Stream = fx.Stream(None)):
+    k3_perm_probe(out).launch(grid=(1, 1, 1), block=(64, 1, 1), stream=stream)
 
 
 def launcher_for(variant, layout, arch):
-    return mfma.standalone_launcher(layout, arch)
+    return launch_perm if variant == "perm" else mfma.standalone_launcher(layout, arch)
 
 
 def trace_args(variant, layout):
-    return mfma.standalone_trace_args(layout)
+    return (0,) if variant == "perm" else mfma.standalone_trace_args(layout)
 '''
 
 
@@ -287,7 +302,8 @@ def _standalone_kernargs():
 
 @pytest.fixture(scope="session")
 def builds(tmp_path_factory):
-    """{(arch, mode): CompileResult} for the standalone kernel, compiled two at a time."""
+    """{(arch, mode): CompileResult} for the standalone kernel (and the perm probe), compiled
+    two at a time."""
     from mono_aot.build import compile_kernel
     from mono_aot.keys import directory_provider
 
@@ -297,10 +313,14 @@ def builds(tmp_path_factory):
     (pdir / "k3_mfma_provider.py").write_text(PROVIDER)
     prov = directory_provider(pdir, "k3_mfma_provider")
     lay = resolve_layout(LAYOUT)
-    jobs = [(arch, mode) for arch in ARCH_LIST for mode in ("compile", "isa")]
+    jobs = [(arch, mode) for arch in ARCH_LIST for mode in ("compile", "isa")] + [
+        ("gfx942", "perm")
+    ]
 
     def run(job):
         arch, mode = job
+        if mode == "perm":
+            return compile_kernel(prov, "perm", lay, arch, root / "perm", mode="isa")
         return compile_kernel(prov, "wide", lay, arch, root / f"{arch}-{mode}", mode=mode)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -365,6 +385,14 @@ def test_standalone_isa_has_what_the_design_relies_on(builds, layout, arch):
     # the reduction parks partials with 16-byte LDS stores; no scratch, no flat access
     assert ops["ds_write_b128"] > 0
     assert not [op for op in ops if op.startswith(("scratch_", "flat_", "buffer_store"))]
+
+
+def test_bf16_pair_packs_the_high_halves_low_first(builds):
+    """The compiler's own semantics of the one v_perm_b32 the fp8 -> bf16 conversion uses:
+    bf16_pair(0x88776655, 0x44332211) = 0x4433 << 16 | 0x8877 (folded to a constant)."""
+    isa = builds[("gfx942", "perm")].isa
+    assert "0x44338877" in isa
+    assert "v_perm_b32" not in isa
 
 
 # ---------------------------------------------------------------------------------------------
