@@ -292,6 +292,22 @@ def _bf16x4_exact(a, b, c, d):
     ).bitcast(fx.Int16)
 
 
+def _fp8x4_to_bf16x4(word, arch):
+    """The 4 fp8 codes of an i32 word as an MFMA bf16x4 operand (exact): one
+    ``v_cvt_scalef32_pk_bf16_fp8`` a pair on gfx950, ``v_cvt_pk_f32_fp8`` and a ``v_perm_b32``
+    a pair on gfx942."""
+    if arch == "gfx942":
+        f = _fp8x4_to_f32(word)
+        return _bf16x4_exact(f[0], f[1], f[2], f[3])
+    one = fx.Float32(1.0).ir_value()
+    w = fx.Int32(word).ir_value()
+    pairs = [
+        fx.Vector(rocdl.cvt_scalef32_pk_bf16_fp8(T.vec(2, T.bf16), w, one, hi)).bitcast(fx.Int32)[0]
+        for hi in (False, True)
+    ]
+    return fx.Vector.from_elements(pairs, fx.Int32).bitcast(fx.Int16)
+
+
 def _bf16_bits_rne(x):
     """The fp32 bits of ``x`` rounded to nearest even at bf16 precision (high half); finite
     inputs only (probabilities and scaled q: no NaN handling needed)."""
@@ -557,8 +573,7 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
             words = [k0[0], k0[1], k0[2], k0[3], k1[0], k1[1], k1[2], k1[3]]
             s = fx.Vector.filled((4,), 0.0, fx.Float32)
             for st in range_constexpr(8):
-                f = _fp8x4_to_f32(words[st])
-                s = _mfma(_bf16x4_exact(f[0], f[1], f[2], f[3]), qb[st], s)
+                s = _mfma(_fp8x4_to_bf16x4(words[st], ARCH), qb[st], s)
             for j in range_constexpr(4):
                 ok = (c0 + g.score_pos(tile, grp, j)) < p1
                 sc.append(ok.select(s[j], fx.Float32(-math.inf)))

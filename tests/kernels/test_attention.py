@@ -127,6 +127,9 @@ def test_probe_isa_has_what_the_design_relies_on(probe_build, arch):
     # fp8 both ways: the cache write encodes, the attention decodes
     assert _count(isa, "v_cvt_pk_fp8_f32") >= 2
     assert _count(isa, "v_cvt_pk_f32_fp8") >= 16
+    if arch == "gfx950":  # K straight to bf16 pairs, P rounded by the hardware's packer
+        assert _count(isa, "v_cvt_scalef32_pk_bf16_fp8") >= 16
+        assert _count(isa, "v_cvt_pk_bf16_f32") >= 8
     # both products of a staged chunk on the bf16 MFMA: (QK + PV) x 8 per 16-position tile
     assert _count(isa, "v_mfma_f32_16x16x16_bf16") >= 16 * (geom.chunk // 16)
     # the cache is read with 16-byte loads only and written a dword a lane: no byte or short
