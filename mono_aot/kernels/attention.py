@@ -54,6 +54,8 @@ LOG2E = 1.4426950408889634
 NEG_BIG = -1.0e30  # the running max before any position (finite: exp2(NEG_BIG - m) is 0)
 K_ROW_PAD = 16  # LDS bytes after each staged K row: conflict-free 16-byte reads of 8 rows
 CACHE_ROW = 256  # bytes of one cached token of one KV head: K 0..127, V 128..255
+PAD_SLOT = -1  # vLLM's padding slot: the token writes nothing (any other slot outside the
+# cache is recorded as a bad block)
 
 # health word H_WHAT for the attention phases: layer * 16 + one of these
 WHAT_KV_WRITE = 8
@@ -526,9 +528,9 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
                 scale = is_v.select(v_scale, k_scale)
                 code = _fp8x4([_sat(y[e] / scale, FP8_MAX) for e in range(4)])
                 slot = fx.Int64(_ld(fx.Int64, slots + fx.Int64(t) * 8))
-                if slot >= 0:
-                    if slot < nblk * KB:
-                        _st(fx.Int32, cache + slot * CACHE_ROW + fx.Int64(half * 128 + d0), code)
+                if slot != PAD_SLOT:
+                    if (slot >= 0) & (slot < nblk * KB):
+                        _st(fx.Int32, cache + slot * CACHE_ROW + fx.Int64(half * D + d0), code)
                     else:
                         if lane == 0:
                             flag_bad_block(health, step, layer, WHAT_KV_WRITE, fx.Int32(slot // KB))
