@@ -12,6 +12,7 @@ from mono_aot.cli.build import build
 from mono_aot.cli.cache import cache
 from mono_aot.cli.doctor import doctor
 from mono_aot.cli.layouts import layouts
+from mono_aot.cli.selftest import selftest
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -24,6 +25,7 @@ cli.add_command(layouts)
 cli.add_command(build)
 cli.add_command(doctor)
 cli.add_command(cache)
+cli.add_command(selftest)
 
 
 def main(argv: list[str] | None = None) -> None:

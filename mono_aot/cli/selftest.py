@@ -1,0 +1,62 @@
+"""``mono-aot selftest``: run the drafter kernels on this machine's GPUs against the reference.
+
+Exit codes: 0 every check passed; 1 a check failed or could not finish (a rank crashed or hung);
+2 bad input; 3 this machine cannot run the selftest (no ROCm torch, no FlyDSL, or fewer than
+``tp`` GPUs of a targeted arch with the layout's CU count): nothing was tested.
+"""
+
+from __future__ import annotations
+
+import click
+
+from mono_aot.cli._common import emit_json, json_option
+from mono_aot.errors import EXIT_FAILED, EXIT_OK, BadInput
+from mono_aot.kernels.selftest import CHECKS, DEFAULT_REPLAYS, EXIT_NO_DEVICE, run_selftest
+from mono_aot.layouts import resolve_layout, shipped_layout_paths
+
+
+def _default_layout() -> str:
+    shipped = [p.stem for p in shipped_layout_paths()]
+    if len(shipped) != 1:
+        raise BadInput(f"--layout is required (shipped layouts: {', '.join(shipped) or 'none'})")
+    return shipped[0]
+
+
+@click.command(
+    epilog=f"Exit codes: 0 all checks passed, 1 a check failed, 2 bad input, {EXIT_NO_DEVICE} no "
+    "usable GPUs here (nothing was tested)."
+)
+@click.option(
+    "--layout", "layout_name", help="Shipped layout name or spec path (default: the shipped one)."
+)
+@click.option(
+    "--check",
+    "checks",
+    multiple=True,
+    type=click.Choice(CHECKS),
+    help="Run only these checks (repeatable; default: all).",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random problems.")
+@click.option(
+    "--replays",
+    type=click.IntRange(1, 100000),
+    default=DEFAULT_REPLAYS,
+    show_default=True,
+    help="Graph replays of the graph-replay check.",
+)
+@json_option
+def selftest(
+    layout_name: str | None, checks: tuple[str, ...], seed: int, replays: int, as_json: bool
+) -> None:
+    """Run the kernels on this machine's GPUs and print a verdict per check."""
+    layout = resolve_layout(layout_name or _default_layout())
+    log = (lambda s: None) if as_json else (lambda s: click.echo(s, err=True))
+    results = run_selftest(layout, checks or CHECKS, seed=seed, replays=replays, log=log)
+    ok = all(r.ok for r in results)
+    if as_json:
+        emit_json({"layout": layout.name, "ok": ok, "checks": [r.as_json() for r in results]})
+    else:
+        for r in results:
+            click.echo(f"{'PASS' if r.ok else 'FAIL'} {r.name}: {r.detail} ({r.seconds:.0f} s)")
+        click.echo(f"selftest {'passed' if ok else 'FAILED'} ({layout.name})")
+    click.get_current_context().exit(EXIT_OK if ok else EXIT_FAILED)
