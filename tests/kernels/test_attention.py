@@ -490,14 +490,14 @@ STEP = 41  # the step counter the probe sees (recorded with a bad block)
 LAYER = 1  # the probe runs the reference's layer 0 as layer 1 of a two-row pointer table
 
 
-def _gpu_main(src: str, dst: str) -> None:
+def _gpu_main(src: str, dst: str, dev: str = "cuda") -> None:
     case = torch.load(src)
     from mono_aot.kernels import attention as A
 
     lay = parse_layout(case["layout"], source="case")
     arch, variant, n = case["arch"], case["variant"], case["n"]
-    assert _device_arch() == arch
-    dev = torch.device("cuda", 0)
+    if dev == "cuda":
+        assert _device_arch() == arch
     plan = abi.scratch_plan(lay, variant)
     scratch = torch.zeros(plan.total, dtype=torch.uint8, device=dev)
     q0 = plan.offset("qkv")
@@ -534,11 +534,12 @@ def _gpu_main(src: str, dst: str) -> None:
         "seq_lens": on["seq_lens"].data_ptr(), "step": step.data_ptr(), "health": health.data_ptr(),
         "layer": LAYER, "bt_stride": on["bt"].stride(0), "n": n,
     }  # fmt: skip
-    stream = torch.cuda.current_stream()
+    stream = torch.cuda.current_stream() if dev == "cuda" else None
     for phase in ("prep", "partial", "combine"):
         vals = [args[a] for a in A.PROBE_ARGS if a != "phase"]
         launch(*vals, A.PROBE_PHASES[phase], stream=stream)
-    torch.cuda.synchronize()
+    if dev == "cuda":
+        torch.cuda.synchronize()
     attn = scratch[a0 : a0 + attn_bytes].view(torch.bfloat16).reshape(n, lay.q_rows_per_rank)
     torch.save({"attn": attn.cpu(), "cache": on["cache"].cpu(), "health": health.cpu()}, dst)
 
