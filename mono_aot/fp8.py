@@ -263,6 +263,26 @@ def quantize_dequantize(
     return decode(encode(x, fmt, saturate), fmt, torch.float64)
 
 
+def code_distance(a: torch.Tensor, b: torch.Tensor, fmt: FP8Format | str) -> torch.Tensor:
+    """How many representable steps apart two code tensors are (int64; 0 = equal value).
+
+    Codes are sign-magnitude, so ``+-(code & 0x7F)`` orders them; both zeros of e4m3fn are 0
+    apart. A NaN code on either side is 1000 apart from everything.
+    """
+    f = _as_format(fmt)
+
+    def ordinal(c: torch.Tensor) -> torch.Tensor:
+        c = c.to(torch.int64)
+        mag = c & 0x7F
+        return torch.where(c >= 0x80, -mag, mag)
+
+    def isnan(c: torch.Tensor) -> torch.Tensor:
+        return (c & 0x7F) == 0x7F if f.name == "e4m3fn" else c == 0x80
+
+    d = (ordinal(a) - ordinal(b)).abs()
+    return torch.where(isnan(a) | isnan(b), 1000, d)
+
+
 def boundary_distance(x: torch.Tensor, fmt: FP8Format | str) -> torch.Tensor:
     """Relative distance of each value from the nearest rounding boundary of ``encode``.
 
@@ -294,6 +314,7 @@ __all__ = [
     "FORMATS",
     "FP8Format",
     "boundary_distance",
+    "code_distance",
     "decode",
     "decode_table",
     "encode",

@@ -262,3 +262,18 @@ def test_decode_table_is_a_copy():
     t = decode_table(E4M3FN, torch.float64)
     t.zero_()
     assert float(decode(torch.tensor([0x38], dtype=torch.uint8), E4M3FN)) == 1.0
+
+
+def test_code_distance_counts_representable_steps():
+    for f in FORMATS:
+        a = torch.tensor([0x38, 0x38, 0x38, 0xB8, 0x00, 0x01, f.max_code], dtype=torch.uint8)
+        b = torch.tensor(
+            [0x38, 0x39, 0x37, 0x38, 0x80 if f is E4M3FN else 0x00, 0x81, f.nan_code],
+            dtype=torch.uint8,
+        )
+        got = fp8.code_distance(a, b, f).tolist()
+        assert got[:6] == [0, 1, 1, 2 * 0x38, 0, 2]
+        assert got[6] == 1000
+        # one step apart is one code apart on the value line
+        vals = decode(ALL[: f.max_code + 1], f, torch.float64)
+        assert bool((vals[1:] > vals[:-1]).all())

@@ -41,7 +41,7 @@ Rounding (``numerics``):
   bytes attention reads back (step 5), so this step's own K/V reach attention as
   ``decode(encode(k / k_scale)) * k_scale``. The inputs ``x`` (bf16), norm weights (bf16) and
   ``cos_sin`` (bf16) are used exactly as given. The dense model is compared with this mode to
-  1e-10, and kernel outputs are judged by it (tolerance ~2e-2 relative).
+  1e-10.
 - ``"kernel"``: the kernels' storage points, as ``mono_aot.abi`` lays them out (DESIGN.md:
   fp32 math, bf16 storage of activations). Arithmetic between two storage points is float64
   (more accurate than any fp32 summation order, so it is the value every correct kernel
@@ -50,8 +50,8 @@ Rounding (``numerics``):
   * residual ``x``: fp32 (``fp32(bf16 x)`` at the start, again after each all-reduce add);
   * norm -> GEMV (scratch ``h``): the GEMV input is ``bf16(fp32(x * fp32(1 + w)))``, *not yet
     normalised*; the GEMV epilogue multiplies by ``rsqrt(mean(x^2) + eps)`` of the fp32 ``x``
-    (float64 here; the kernels' int64 fixed-point sum of squares differs by far less than an
-    fp32 ulp of the result);
+    (float64 here; the kernels' fp32 sum of squares, atomically added in varying order,
+    differs by about an fp32 ulp);
   * ``qkv`` and the gate/up outputs: fp32; q and k after norm + RoPE: fp32;
   * K/V bytes: ``encode(fp32(k / k_scale))`` with k the fp32 value after norm + RoPE (v straight
     from ``qkv``), one correctly rounded fp32 division (the kernels divide, they do not multiply
@@ -63,12 +63,23 @@ Rounding (``numerics``):
 
   Register-level roundings inside a phase (the attention phases' bf16 MFMA operands for q and
   the probabilities) are not modelled: they are the kernel's business and change the bf16
-  attention output by about one bf16 ulp. The pre-encode values are returned
-  (``kv_prequant``), so a kernel test compares the kernel's K/V bytes exactly wherever
-  ``mono_aot.fp8.boundary_distance(kv_prequant)`` exceeds the accumulated error (about 1e-5
-  relative for layer 0, whose inputs are exactly the kernel's; about 1e-3 for later layers):
-  a value closer than that to an fp8 rounding midpoint may legitimately encode one code apart,
-  and no reference can predict which way an fp32 summation order rounds it.
+  attention output by about one bf16 ulp.
+
+What a kernel can be held to. The step is chaotic at the storage level: one bf16 flip of an
+attention output moves that token's residual by ~1e-4, and a value on an fp8 rounding midpoint
+moves a cached K/V by a whole code (~6%). So:
+
+- K/V bytes of layer 0 are exact: its inputs are exactly the kernel's, and only values within
+  ~1e-5 (relative) of an fp8 rounding midpoint may encode one code apart -- no reference can
+  predict which way an fp32 summation order rounds those. ``kv_prequant`` holds the pre-encode
+  values, ``kv_agreement`` counts the differences that are *not* so explained.
+- Later layers' bytes agree for the vast majority (> 95%) and within an fp8 spacing at the
+  top of their range; ``force_kv`` stores the kernel's own bytes instead of the reference's,
+  so attention sees the cache the kernel saw.
+- Outputs: with ``numerics="kernel"`` a correct kernel lands within ~1e-2 elementwise (about
+  3e-3 in norm, ``norm_rel_error``) after 5 layers; against ``"float64"`` the storage
+  roundings themselves add ~1e-2 elementwise (1.1-1.7% measured on 5 small layers), so a
+  2e-2 elementwise tolerance against float64 is tight and the norm-wise metric is steadier.
 """
 
 from __future__ import annotations
@@ -81,7 +92,7 @@ from typing import Literal
 import torch
 
 from mono_aot.errors import BadInput
-from mono_aot.fp8 import FP8Format, decode, encode, resolve_format
+from mono_aot.fp8 import FP8Format, boundary_distance, code_distance, decode, encode, resolve_format
 from mono_aot.kvcache import check_cache, check_slots, fp32_scale, gather_codes
 from mono_aot.layouts import Layout
 from mono_aot.weights import RankWeights, check_rank_weights
@@ -269,16 +280,30 @@ def rank_step(
     caches: Sequence[torch.Tensor],
     inputs: StepInputs,
     numerics: Numerics = "float64",
+    force_kv: torch.Tensor | None = None,
 ) -> Generator[tuple[int, str, torch.Tensor], torch.Tensor, StepResult]:
     """One rank's draft step (see the module doc); writes the K/V bytes into ``caches`` in place.
 
     ``fmt``: the fp8 format, its name, or the target arch. Yields ``(layer, phase, partial)``
     (float64 ``[n, hidden]``) at each all-reduce; send back the sum over all ranks.
+
+    ``force_kv`` (uint8 ``[layers, n, kv_heads_per_rank, 2*head_dim]``, e.g. the bytes a
+    kernel wrote): store these instead of the computed bytes, so attention -- and every later
+    layer -- sees the same cache as the kernel did. The step is chaotic at the fp8 level (a
+    value on a rounding midpoint flips a code by one, ~6%, and the change propagates), so
+    without it only layer 0's bytes can be compared exactly; with it, each layer's computed
+    bytes (``StepResult.kv``) are compared given the same history.
     """
     f = resolve_format(fmt)
     st = _Store(numerics)
     n, reqs = _validate(layout, rank, weights, caches, inputs)
     m, qpr = layout.model, layout.serving.qpr
+    if force_kv is not None:
+        want = (m.layers, n, layout.kv_heads_per_rank, layout.kv_entry_bytes)
+        if force_kv.dtype != torch.uint8 or tuple(force_kv.shape) != want:
+            raise BadInput(
+                f"force_kv: {force_kv.dtype} {list(force_kv.shape)}, expected torch.uint8 {list(want)}"
+            )
     D, R, eps = m.head_dim, m.rotary_dim, m.norm_eps
     Q, K = layout.q_heads_per_rank, layout.kv_heads_per_rank
     G = Q // K
@@ -315,7 +340,8 @@ def rank_step(
         pre = torch.cat([st.f32(k / ks), st.f32(v / vs)], dim=-1)
         codes = encode(pre, f, saturate=True)
         kv_all[li], pre_all[li] = codes, pre
-        cache[wslots // B, :, wslots % B, :] = codes[written]
+        store = codes if force_kv is None else force_kv[li]
+        cache[wslots // B, :, wslots % B, :] = store[written]
 
         attn = torch.zeros((n, Q, D), dtype=torch.float64)
         for i in range(reqs):
@@ -363,18 +389,25 @@ def run_tp(
     caches: Sequence[Sequence[torch.Tensor]],
     inputs: StepInputs,
     numerics: Numerics = "float64",
+    force_kv: Sequence[torch.Tensor | None] | None = None,
 ) -> TPResult:
     """Every rank's step in lockstep, exchanging the partials of each all-reduce.
 
     ``weights[r]``/``caches[r]`` are rank ``r``'s; all ranks share ``inputs`` (as on the GPUs).
-    Each rank's caches are updated in place.
+    Each rank's caches are updated in place. ``force_kv[r]``: see ``rank_step``.
     """
     tp = layout.parallel.tp
     if len(weights) != tp or len(caches) != tp:
         raise BadInput(
             f"run_tp needs {tp} ranks' weights and caches, got {len(weights)} and {len(caches)}"
         )
-    gens = [rank_step(layout, fmt, r, weights[r], caches[r], inputs, numerics) for r in range(tp)]
+    forced = list(force_kv) if force_kv is not None else [None] * tp
+    if len(forced) != tp:
+        raise BadInput(f"force_kv: {len(forced)} entries, expected one per rank ({tp})")
+    gens = [
+        rank_step(layout, fmt, r, weights[r], caches[r], inputs, numerics, forced[r])
+        for r in range(tp)
+    ]
     msgs = [next(g) for g in gens]
     L = layout.model.layers
     n = inputs.x.shape[0]
@@ -412,6 +445,7 @@ def step_rank(
     inputs: StepInputs,
     peer_partials: torch.Tensor,
     numerics: Numerics = "float64",
+    force_kv: torch.Tensor | None = None,
 ) -> StepResult:
     """Rank ``rank``'s step alone, with the other ranks' partials given up front.
 
@@ -423,7 +457,7 @@ def step_rank(
     want = (L, 2, tp, n, h)
     if tuple(peer_partials.shape) != want:
         raise BadInput(f"peer_partials: shape {list(peer_partials.shape)}, expected {list(want)}")
-    g = rank_step(layout, fmt, rank, weights, caches, inputs, numerics)
+    g = rank_step(layout, fmt, rank, weights, caches, inputs, numerics, force_kv)
     msg = next(g)
     while True:
         li, ph, part = msg
@@ -437,11 +471,82 @@ def step_rank(
             return stop.value
 
 
+@dataclass(frozen=True)
+class KVAgreement:
+    """How one layer's K/V bytes of an implementation agree with the reference's.
+
+    ``exact``: fraction of bytes equal. ``max_steps``: the largest ``code_distance``.
+    ``value_err``: ``max|decode(got) - decode(ref)| / max|decode(ref)|`` over the layer (K and
+    V separately, the larger). ``unexplained``: bytes that differ although the reference's
+    pre-encode value is farther than ``rtol`` (relative) from every fp8 rounding boundary.
+    """
+
+    layer: int
+    exact: float
+    max_steps: int
+    value_err: float
+    unexplained: int
+
+
+def kv_agreement(
+    got: torch.Tensor, ref: StepResult, fmt: FP8Format | str, rtol: float = 1e-5
+) -> list[KVAgreement]:
+    """Per layer, ``got`` (uint8 ``[layers, n, kv_heads, 2*head_dim]``, e.g. a kernel's bytes
+    gathered at the step's slots) against ``ref.kv``; only rows with a slot are compared.
+
+    What to expect from a correct kernel (see the module doc): layer 0 has ``unexplained == 0``
+    at ``rtol`` around 1e-5 (its inputs are exactly the kernel's). Later layers inherit
+    bf16-level differences of the residual (one bf16 flip of an attention output moves a whole
+    token's residual by ~1e-4), so a few bytes differ, small values by several codes: expect
+    ``exact`` above ~0.95 and ``value_err`` within an fp8 spacing at the top (~1/16), not
+    equality.
+    """
+    f = resolve_format(fmt)
+    if got.shape != ref.kv.shape or got.dtype != torch.uint8:
+        raise BadInput(
+            f"K/V bytes: {got.dtype} {list(got.shape)}, expected torch.uint8 {list(ref.kv.shape)}"
+        )
+    out = []
+    w = ref.written
+    D = ref.kv.shape[-1] // 2
+    for li in range(ref.kv.shape[0]):
+        a, b = got[li][w], ref.kv[li][w]
+        near = boundary_distance(ref.kv_prequant[li][w], f) <= rtol
+        diff = a != b
+        if not diff.numel():
+            out.append(KVAgreement(li, 1.0, 0, 0.0, 0))
+            continue
+        va, vb = decode(a, f, torch.float64), decode(b, f, torch.float64)
+        errs = [
+            float((va[..., s] - vb[..., s]).abs().max())
+            / max(float(vb[..., s].abs().max()), 1e-300)
+            for s in (slice(0, D), slice(D, None))
+        ]
+        out.append(
+            KVAgreement(
+                layer=li,
+                exact=float((~diff).double().mean()),
+                max_steps=int(code_distance(a, b, f).max()),
+                value_err=max(errs),
+                unexplained=int((diff & ~near).sum()),
+            )
+        )
+    return out
+
+
 def max_rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
-    """``max|got - want| / max|want|`` in float64: the norm the tolerances are stated in."""
+    """``max|got - want| / max|want|`` in float64 (the 1e-10 check is stated in it)."""
     g, w = got.to(torch.float64), want.to(torch.float64)
     denom = float(w.abs().max())
     return float((g - w).abs().max()) / (denom if denom > 0 else 1.0)
+
+
+def norm_rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """``||got - want|| / ||want||`` (Frobenius), float64: the steadier metric for kernels,
+    whose bf16 and fp8 storage make the 5-layer step chaotic at the 1e-2 level elementwise."""
+    g, w = got.to(torch.float64), want.to(torch.float64)
+    denom = float(w.norm())
+    return float((g - w).norm()) / (denom if denom > 0 else 1.0)
 
 
 __all__ = [
@@ -451,10 +556,13 @@ __all__ = [
     "StepInputs",
     "StepResult",
     "TPResult",
+    "KVAgreement",
     "allreduce",
     "clamped_swiglu",
     "gemma_norm",
+    "kv_agreement",
     "max_rel_error",
+    "norm_rel_error",
     "neox_rope",
     "rank_step",
     "run_tp",

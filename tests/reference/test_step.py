@@ -11,7 +11,7 @@ from mono_aot.errors import BadInput
 from mono_aot.fp8 import boundary_distance, encode
 from mono_aot.reference import RequestSpec, make_problem, max_rel_error, run_tp, step_rank
 from mono_aot.reference.dense import apply_partial_rope, rms_norm
-from mono_aot.reference.step import StepInputs, rank_step
+from mono_aot.reference.step import StepInputs, kv_agreement, norm_rel_error, rank_step
 from mono_aot.weights import dequantize_rows
 from tests.reference.helpers import small_layout
 
@@ -234,3 +234,39 @@ def test_bad_inputs_are_named(mixed):
         run(_inputs(p, seq_lens=seq))
     with pytest.raises(BadInput, match="peer_partials: shape"):
         step_rank(LAY, f, 0, w, c, p.inputs, torch.zeros(1))
+
+
+def test_forced_kv_and_the_agreement_report():
+    """What a kernel test does with the bytes a kernel wrote: force them, then compare."""
+    lay = small_layout(model={"layers": 3})
+    p = make_problem(lay, "gfx942", MIXED[:4], seed=14)
+    ref = run_tp(lay, p.fmt, p.ranks, p.caches(), p.inputs, numerics="kernel")
+    # forcing the reference's own bytes changes nothing
+    same = run_tp(lay, p.fmt, p.ranks, p.caches(), p.inputs, "kernel", [r.kv for r in ref.ranks])
+    assert torch.equal(same.out, ref.out)
+    rep = kv_agreement(ref.ranks[1].kv, ref.ranks[1], p.fmt)
+    assert [(a.exact, a.max_steps, a.value_err, a.unexplained) for a in rep] == [
+        (1.0, 0, 0.0, 0)
+    ] * 3
+    # a stand-in "kernel": the same step with K scales one part in 1e6 off (fp32-level noise)
+    other = [
+        dataclasses.replace(r, k_scale=(r.k_scale.double() * (1 + 1e-6)).float()) for r in p.ranks
+    ]
+    caches = p.caches()
+    kern = run_tp(lay, p.fmt, other, caches, p.inputs, numerics="kernel")
+    n = len(MIXED[:4]) * QPR
+    slots = p.inputs.slots[:n]
+    w = slots != -1
+    # read its bytes back out of its caches at the step's slots, as a kernel test would
+    got = torch.zeros_like(ref.ranks[0].kv)
+    got[:, w] = torch.stack([caches[0][li][slots[w] // B, :, slots[w] % B, :] for li in range(3)])
+    forced = run_tp(lay, p.fmt, p.ranks, p.caches(), p.inputs, "kernel", [r.kv for r in kern.ranks])
+    rep = kv_agreement(got, forced.ranks[0], p.fmt, rtol=1e-5)
+    assert rep[0].unexplained == 0 and rep[0].max_steps <= 1
+    assert all(a.exact > 0.95 and a.value_err < 1 / 16 for a in rep), rep
+    assert norm_rel_error(kern.out, forced.out) < 2e-2
+    # a wrong byte is reported
+    got[0, 0, 0, 3] ^= 0x10
+    assert kv_agreement(got, forced.ranks[0], p.fmt)[0].unexplained >= 1
+    with pytest.raises(BadInput, match="force_kv"):
+        run_tp(lay, p.fmt, p.ranks, p.caches(), p.inputs, "kernel", [r.kv[:1] for r in kern.ranks])
