@@ -26,8 +26,8 @@ import flydsl.expr as fx
 from flydsl.expr import range_constexpr
 
 from mono_aot import abi
-from mono_aot.kernels.common import KernelCtx, bf16_pack, gptr
-from mono_aot.kernels.pointwise import absorb, hidden_split, load_bf16
+from mono_aot.kernels.common import KernelCtx, bf16_hi, bf16_lo, bf16_pack, gptr
+from mono_aot.kernels.pointwise import absorb, hidden_split
 from mono_aot.kernels.sync import wait_word
 
 KINDS = {"attn": 0, "mlp": 1}
@@ -123,6 +123,7 @@ def receive(
                 s2 = wait_word(
                     k, flags + src * 4, tg, True, True, abi.STATUS_PEER_TIMEOUT, what, fx.Int32(src)
                 )
+        fx.memory_fence(syncscope=None, ordering=fx.AtomicOrdering.Acquire)
         k.sync_lds[0] = s2
     fx.gpu.barrier()
     out = k.sync_lds[0]
@@ -133,12 +134,22 @@ def receive(
         base = _region(k, k.peer_local, "mbox", kind, parity) + fx.Int64(k.bid) * _block_bytes(k)
         src_step = _ctas_cap(k) * _block_bytes(k)
 
-        def add_fn(t: Any, i: Any) -> Any:
-            e = fx.Int64(t * RS + i) * 2
-            acc = load_bf16(base + e)
-            for src in range(1, tp):
-                acc = acc + load_bf16(base + (src * src_step) + e)
-            return acc
+        def add_fn(t: Any, i0: Any) -> list[Any]:
+            # one 16-byte load per source rank: 8 bf16 of token t, rows i0..i0+7
+            e = fx.Int64(t * RS + i0) * 2
+            vecs = [
+                fx.generic_load(gptr(fx.Int32, base + src * src_step + e, 16), count=4)
+                for src in range(tp)
+            ]
+            out = []
+            for w in range_constexpr(4):
+                lo = bf16_lo(vecs[0][w])
+                hi = bf16_hi(vecs[0][w])
+                for src in range_constexpr(1, tp):  # rank order: the same sum on every rank
+                    lo = lo + bf16_lo(vecs[src][w])
+                    hi = hi + bf16_hi(vecs[src][w])
+                out += [lo, hi]
+            return out
 
         absorb(k, n, add_fn, False, w_norm, slot, sq)
     return out

@@ -162,8 +162,9 @@ def make_launcher(spec: KernelSpec) -> Any:
         r0 = pointwise.hidden_split(k).r0(k.bid)
         xin = k.x
 
-        def embed_add(t, i):
-            return pointwise.load_bf16(xin + (fx.Int64(t) * H + fx.Int64(r0 + i)) * 2)
+        def embed_add(t, i0):
+            row = xin + (fx.Int64(t) * H + fx.Int64(r0 + i0)) * 2
+            return [pointwise.load_bf16(row + j * 2) for j in range(8)]
 
         pointwise.absorb(k, k.n, embed_add, True, k.tab_at(0, abi.T_W_IN), 0, tile)
 

@@ -133,36 +133,42 @@ def load_rstd(k: KernelCtx, slot: Any, n: Any, rstd_lds: Any) -> None:
 def absorb(
     k: KernelCtx, n: Any, add_fn: Any, replace: bool, w_norm: Any, slot: Any, sq: Any
 ) -> None:
-    """The workgroup's hidden rows of every token: ``x = add`` (``replace``) or ``x += add``
-    (``add_fn(t, i)`` gives the f32 to add for token t, local row i), then ``h = bf16(x * (1 +
-    w_norm))`` and the rows' ``sum(x^2)`` into norm sum ``slot``. ``sq``: LDS f32
+    """The workgroup's hidden rows of every token: ``x = add`` (``replace``) or ``x += add``,
+    then ``h = bf16(x * (1 + w_norm))`` and the rows' ``sum(x^2)`` into norm sum ``slot``.
+
+    Work goes in groups of 8 rows of one token (``stride`` is a multiple of 8, so a group
+    never straddles two tokens): ``add_fn(t, i0)`` returns the 8 f32 to add for token t, local
+    rows i0..i0+7 (rows past the workgroup's count are ignored). ``sq``: LDS f32
     [n_max * stride] scratch."""
     hs = hidden_split(k)
     H, RS = hs.hidden, hs.stride
+    VPT = RS // 8
     r0 = hs.r0(k.bid)
     cnt = hs.count(k.bid)
     xs = k.scr("x")
     hb = k.scr("h")
-    e = k.tid
-    total = n * RS
-    while e < total:
-        t = e // RS
-        i = e % RS
-        v = fx.Float32(0.0)
-        if i < cnt:
-            col = fx.Int64(r0 + i)
-            xa = xs + (fx.Int64(t) * H + col) * 4
-            add = add_fn(t, i)
-            if const_expr(replace):
-                xn = fx.Float32(add)
-            else:
-                xn = gptr(fx.Float32, xa).load() + add
-            gptr(fx.Float32, xa).store(xn)
-            w = load_bf16(w_norm + col * 2)
-            store_bf16(hb + (fx.Int64(t) * H + col) * 2, xn * (w + 1.0))
-            v = xn * xn
-        sq[e] = v
-        e = e + k.threads
+    g = k.tid
+    total = n * VPT
+    while g < total:
+        t = g // VPT
+        i0 = (g % VPT) * 8
+        adds = add_fn(t, i0)
+        for j in range_constexpr(8):
+            i = i0 + j
+            v = fx.Float32(0.0)
+            if i < cnt:
+                col = fx.Int64(r0 + i)
+                xa = xs + (fx.Int64(t) * H + col) * 4
+                if const_expr(replace):
+                    xn = fx.Float32(adds[j])
+                else:
+                    xn = gptr(fx.Float32, xa).load() + adds[j]
+                gptr(fx.Float32, xa).store(xn)
+                w = load_bf16(w_norm + col * 2)
+                store_bf16(hb + (fx.Int64(t) * H + col) * 2, xn * (w + 1.0))
+                v = xn * xn
+            sq[t * RS + i] = v
+        g = g + k.threads
     fx.gpu.barrier()
     t = k.tid
     if t < n:

@@ -61,19 +61,20 @@ def wait_word(
     detail: Any,
 ) -> Any:
     """One thread: poll the int32 at ``addr`` until it equals ``want`` (``until_equal``) or
-    differs from it, with acquire loads of system (a peer's memory) or agent scope. Bounded by
+    differs from it, with relaxed atomic loads of system (a peer's memory: they bypass the
+    caches) or agent scope; the caller fences (acquire) once the wait is over. Bounded by
     ``k.wait_ticks``; returns 0, ``code`` (recorded) or ``ST_ABORTED``."""
     scope = None if system else AGENT
     p = gptr(fx.Int32, addr)
     ab = gptr(fx.Int32, k.sync + abi.SYNC_ABORT)
     t0 = now()
-    v = fx.generic_load(p, memory_order=_ACQ, syncscope=scope)
+    v = fx.generic_load(p, memory_order=_MONO, syncscope=scope)
     a = fx.generic_load(ab, memory_order=_MONO, syncscope=AGENT)
     el = fx.Int64(0)
     pending = _pending(v, want, until_equal)
     while pending & (a == 0) & (el < k.wait_ticks):
         fx.rocdl.s_sleep(1)
-        v = fx.generic_load(p, memory_order=_ACQ, syncscope=scope)
+        v = fx.generic_load(p, memory_order=_MONO, syncscope=scope)
         a = fx.generic_load(ab, memory_order=_MONO, syncscope=AGENT)
         el = now() - t0
         pending = _pending(v, want, until_equal)
@@ -121,6 +122,7 @@ def grid_barrier(k: KernelCtx, st: Any, what: Any) -> Any:
                 s2 = wait_word(
                     k, k.sync + abi.SYNC_GEN, g, False, False, abi.STATUS_BARRIER_TIMEOUT, what, g
                 )
+            fx.memory_fence(syncscope=AGENT, ordering=_ACQ)
         k.sync_lds[0] = s2
     fx.gpu.barrier()
     out = k.sync_lds[0]
