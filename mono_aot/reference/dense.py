@@ -140,7 +140,7 @@ class DenseDrafter:
         c = self.cfg
         n = x.shape[0]
         hidden = x.to(torch.float64)
-        rope = cos_sin.to(torch.float64)[positions[:n].long()]
+        rope = cos_sin[positions[:n].long()].to(torch.float64)
         for li, w in enumerate(self.layers):
             # --- attention block ---
             normed = rms_norm(hidden, w["w_in"], c.eps)

@@ -313,7 +313,7 @@ def rank_step(
     x = st.f32(inputs.x.to(torch.float64))
     pos = inputs.positions[:n]
     slots = inputs.slots[:n]
-    cs = inputs.cos_sin.to(torch.float64)[pos]
+    cs = inputs.cos_sin[pos].to(torch.float64)
     cos, sin = cs[:, : R // 2], cs[:, R // 2 :]
     seq = [int(s) for s in inputs.seq_lens[:reqs]]
     written = slots != -1
