@@ -410,6 +410,19 @@ def _device_arch() -> str:
     return base_arch(torch.cuda.get_device_properties(0).gcnArchName)
 
 
+def _check_report(report: dict, arch: str, ns: tuple[int, ...]) -> None:
+    assert report["arch"] == arch
+    assert [(r["n"], r["proj"]) for r in report["results"]] == [
+        (n, p) for n in ns for p in mfma.PROJECTIONS
+    ]
+    for r in report["results"]:
+        what = f"{r['proj']} n={r['n']}"
+        assert r["nan_in_output"] == 0, what  # every (token < n, row) was written
+        assert r["touched_past_n"] == 0, what  # and nothing else
+        assert r["rel_error"] <= 1e-5, (what, r["rel_error"])
+        assert r["max_bound_ratio"] <= 1.0, (what, r["max_bound_ratio"])
+
+
 @pytest.mark.rocm
 def test_standalone_matches_torch_on_gpu(tmp_path):
     arch = _device_arch()
@@ -425,15 +438,53 @@ def test_standalone_matches_torch_on_gpu(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "error:" not in proc.stderr, proc.stderr[-3000:]
-    report = json.loads(dst.read_text())
-    assert report["arch"] == arch
-    assert len(report["results"]) == len(GPU_NS) * len(mfma.PROJECTIONS)
-    for r in report["results"]:
-        what = f"{r['proj']} n={r['n']}"
-        assert r["nan_in_output"] == 0, what  # every (token < n, row) was written
-        assert r["touched_past_n"] == 0, what  # and nothing else
-        assert r["rel_error"] <= 1e-5, (what, r["rel_error"])
-        assert r["max_bound_ratio"] <= 1.0, (what, r["max_bound_ratio"])
+    _check_report(json.loads(dst.read_text()), arch, GPU_NS)
+
+
+def _small_layout():
+    """A layout a ninth of the shipped one's weights (for the CPU dry run)."""
+    import tomllib
+
+    from mono_aot.layouts import parse_layout
+
+    doc = tomllib.loads(
+        (Path(__file__).resolve().parents[2] / "layouts" / f"{LAYOUT}.toml").read_text()
+    )
+    doc["model"].update(hidden=2048, heads=32, head_dim=64, rotary_dim=32, mlp=4096)
+    return parse_layout(doc, source="small layout", name="small")
+
+
+def _stand_in(by_ptr: dict, fmt, wrong_layer: bool = False):
+    """The kernel's contract computed by torch on the CPU, from the same argument values."""
+    from mono_aot.weights import dequantize_rows
+
+    def launch(*args, stream=None):
+        t = dict(zip((a for a, _ in mfma.STANDALONE_ARGS), args, strict=True))
+        layer, n = (0 if wrong_layer else t["layer"]), t["n"]
+        for w, sc, x, out in (
+            ("qkv_w", "qkv_s", "h", "out_qkv"),
+            ("o_w", "o_s", "attn", "out_o"),
+            ("gu_w", "gu_s", "h", "out_gu"),
+            ("d_w", "d_s", "act", "out_d"),
+        ):
+            wd = dequantize_rows(by_ptr[t[w]][layer], by_ptr[t[sc]][layer], fmt, torch.float32)
+            by_ptr[t[out]][:n] = by_ptr[t[x]][:n].float() @ wd.T
+
+    return launch
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["right", "wrong-layer"])
+def test_gpu_harness_dry_run_on_cpu(tmp_path, wrong):
+    """The ROCm test's own code (inputs, poison, reference, report, checks) run on the CPU
+    with a torch stand-in for the kernel: it passes a right one and catches a wrong one."""
+    dst = tmp_path / "report.json"
+    ns = (1, 17)
+    _gpu_main("gfx942", str(dst), layout=_small_layout(), ns=ns, device="cpu", stand_in=wrong)
+    if wrong:
+        with pytest.raises(AssertionError):
+            _check_report(json.loads(dst.read_text()), "gfx942", ns)
+    else:
+        _check_report(json.loads(dst.read_text()), "gfx942", ns)
 
 
 def _random_codes(shape, fmt, gen):
@@ -445,12 +496,14 @@ def _random_codes(shape, fmt, gen):
     return codes
 
 
-def _gpu_main(arch: str, dst: str) -> None:
+def _gpu_main(arch, dst, layout=None, ns=GPU_NS, device="cuda", stand_in=None) -> None:
+    """Run the standalone kernel (or, with ``stand_in`` not None, a torch stand-in: False a
+    right one, True one that reads the wrong layer) for every n and write the report."""
     from mono_aot.weights import dequantize_rows
 
-    lay = resolve_layout(LAYOUT)
+    lay = layout or resolve_layout(LAYOUT)
     fmt = fp8.format_for_arch(arch)
-    dev = torch.device("cuda", 0)
+    dev = torch.device(device)
     gen = torch.Generator().manual_seed(20240)
     plans = mfma.wide_plans(lay, arch)
     T = lay.variant_tokens("wide")
@@ -464,10 +517,15 @@ def _gpu_main(arch: str, dst: str) -> None:
         "act": torch.randn(T, lay.mlp_per_rank, generator=gen),
     }
     src = {"qkv": "h", "o": "attn", "gu": "h", "down": "act"}
-    launch = mfma.standalone_launcher(lay, arch)
-    stream = torch.cuda.current_stream()
+    wd = {k: dequantize_rows(w[k][GPU_LAYER], s[k][GPU_LAYER], fmt, torch.float64) for k in plans}
+    by_ptr = {}
+    if stand_in is None:
+        launch = mfma.standalone_launcher(lay, arch)
+        stream = torch.cuda.current_stream()
+    else:
+        launch, stream = _stand_in(by_ptr, fmt, wrong_layer=stand_in), None
     results = []
-    for n in GPU_NS:
+    for n in ns:
         # tokens past n are NaN: a kernel that mixed them into a valid output would show it
         x_dev = {}
         for k, v in xs.items():
@@ -475,29 +533,28 @@ def _gpu_main(arch: str, dst: str) -> None:
             t[n:] = float("nan")
             x_dev[k] = t
         outs = {k: torch.full((T, p.rows), float("nan"), device=dev) for k, p in plans.items()}
-        launch(
-            w["qkv"].data_ptr(), s["qkv"].data_ptr(), w["o"].data_ptr(), s["o"].data_ptr(),
-            w["gu"].data_ptr(), s["gu"].data_ptr(), w["down"].data_ptr(), s["down"].data_ptr(),
-            x_dev["h"].data_ptr(), x_dev["attn"].data_ptr(), x_dev["act"].data_ptr(),
-            outs["qkv"].data_ptr(), outs["o"].data_ptr(), outs["gu"].data_ptr(),
-            outs["down"].data_ptr(), GPU_LAYER, n, stream=stream,
-        )  # fmt: skip
-        torch.cuda.synchronize()
+        args = [
+            w["qkv"], s["qkv"], w["o"], s["o"], w["gu"], s["gu"], w["down"], s["down"],
+            x_dev["h"], x_dev["attn"], x_dev["act"],
+            outs["qkv"], outs["o"], outs["gu"], outs["down"],
+        ]  # fmt: skip
+        by_ptr.update({a.data_ptr(): a for a in args})
+        launch(*[a.data_ptr() for a in args], GPU_LAYER, n, stream=stream)
+        if stand_in is None:
+            torch.cuda.synchronize()
         for name in mfma.PROJECTIONS:
-            wd = dequantize_rows(w[name][GPU_LAYER], s[name][GPU_LAYER], fmt, torch.float64)
             x = x_dev[src[name]][:n].to(torch.float64)
-            ref = x @ wd.T  # gu: gate columns then up columns, as the kernel stores them
-            bound = 1e-4 * (x.abs() @ wd.abs().T) + 1e-30
+            ref = x @ wd[name].T  # gu: gate columns then up columns, as the kernel stores them
+            bound = 1e-4 * (x.abs() @ wd[name].abs().T) + 1e-30
             got = outs[name][:n].to(torch.float64)
-            err = (got - ref).abs()
             results.append(
                 {
                     "proj": name,
                     "n": n,
                     "nan_in_output": int(torch.isnan(got).sum()),
                     "touched_past_n": int((~torch.isnan(outs[name][n:])).sum()),
-                    "rel_error": float((got - ref).norm() / ref.norm()) if n else 0.0,
-                    "max_bound_ratio": float((err / bound).max()) if n else 0.0,
+                    "rel_error": float((got - ref).norm() / ref.norm()),
+                    "max_bound_ratio": float(((got - ref).abs() / bound).max()),
                 }
             )
     Path(dst).write_text(json.dumps({"arch": arch, "results": results}, indent=1))
