@@ -271,10 +271,13 @@ class _Rank:
         self.peers = PeerBuffers(lay.peer_bytes)
         self.pe: list[int] = []
 
-    def run_case(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def run_case(self, msg: dict[str, Any], conn: Any) -> dict[str, Any]:
+        """Load the case, tell the parent it is ready, launch when it says go (all ranks
+        launch within milliseconds of each other, far inside the wait bound)."""
         torch = self.torch
         lay = self.layout
         case = torch.load(msg["path"], weights_only=True)
+        rank_caches = torch.load(msg["caches"][self.rank], weights_only=True)
         n = int(case["n"])
         dev = self.dev
         x = case["x"].to(dev)
@@ -284,7 +287,7 @@ class _Rank:
         cos_sin = case["cos_sin"].to(dev)
         base = case["bt_base"].to(dev)
         bt = base.as_strided(case["bt_shape"], case["bt_stride"], case["bt_offset"])
-        caches = [c.to(dev).contiguous() for c in case["caches"][self.rank]]
+        caches = [c.to(dev).contiguous() for c in rank_caches]
         tab = torch.zeros(lay.model.layers, abi.TABLE_SLOTS, dtype=torch.int64)
         for i, kv in enumerate(caches):
             for name, slot in abi.NORM_SLOTS.items():
@@ -314,6 +317,10 @@ class _Rank:
         )  # fmt: skip
         result: dict[str, Any] = {"rank": self.rank}
         torch.cuda.synchronize()
+        conn.send({"ok": True, "ready": True})
+        go = conn.recv()
+        if go.get("op") != "go":
+            raise RuntimeError(f"expected go, got {go!r}")
         t0 = time.perf_counter()
         if msg.get("launch", True):
             stream = torch.cuda.current_stream()
@@ -361,7 +368,7 @@ def _worker(conn: Any) -> None:
                 conn.send({"ok": True})
             elif op == "case":
                 assert state is not None
-                conn.send({"ok": True, **state.run_case(msg)})
+                conn.send({"ok": True, **state.run_case(msg, conn)})
             else:
                 conn.send({"ok": False, "error": f"unknown op {op!r}"})
         except Exception:  # noqa: BLE001 - every failure goes back to the parent
@@ -423,16 +430,27 @@ class Cluster:
         self._ask(ranks, [{"op": "peers", "handles": handles}] * len(ranks), 120.0)
 
     def case(
-        self, path: Path, variant: str, *, launch: Sequence[bool] | None = None, **extra: Any
+        self,
+        paths: tuple[Path, list[Path]],
+        variant: str,
+        *,
+        launch: Sequence[bool] | None = None,
+        **extra: Any,
     ) -> list[dict[str, Any]]:
+        """Run one case on every rank: all load it, then all launch together."""
         ranks = list(range(len(self.devices)))
         launch = launch or [True] * len(ranks)
+        common, caches = paths
         msgs = [
-            {"op": "case", "path": str(path), "variant": variant, "launch": launch[r], **extra}
+            {
+                "op": "case", "path": str(common), "caches": [str(c) for c in caches],
+                "variant": variant, "launch": launch[r], **extra,
+            }
             for r in ranks
-        ]
+        ]  # fmt: skip
+        self._ask(ranks, msgs, CASE_TIMEOUT_S)
         timeout = CASE_TIMEOUT_S + 5.0 * int(extra.get("replays", 0))
-        return self._ask(ranks, msgs, timeout)
+        return self._ask(ranks, [{"op": "go"}] * len(ranks), timeout)
 
     def close(self, kill: bool = False) -> None:
         for c, p in zip(self.conns, self.procs, strict=True):
@@ -559,10 +577,13 @@ class _Run:
             self.layout, self.arch, specs, seed=self.seed + self.cases, model=self.model
         )
 
-    def save_case(self, prob: Any) -> Path:
+    def save_case(self, prob: Any) -> tuple[Path, list[Path]]:
+        """The launch's inputs (one file) and each rank's pre-step caches (one file each)."""
         inp = prob.inputs
         bt = inp.block_table
-        base = bt._base if bt._base is not None else bt
+        base = bt._base if bt._base is not None and bt._base.is_contiguous() else bt.contiguous()
+        if base is not bt._base:  # bt itself re-laid out: its own strides
+            bt = base
         n = inp.x.shape[0]
         path = self.dir / f"case-{self.cases}.pt"
         self.torch.save(
@@ -570,11 +591,16 @@ class _Run:
                 "n": n, "x": inp.x, "positions": inp.positions, "slots": inp.slots,
                 "seq_lens": inp.seq_lens, "cos_sin": inp.cos_sin, "bt_base": base.contiguous(),
                 "bt_shape": tuple(bt.shape), "bt_stride": tuple(bt.stride()),
-                "bt_offset": bt.storage_offset(), "caches": prob.caches(),
+                "bt_offset": bt.storage_offset() - base.storage_offset(),
             },
             path,
         )  # fmt: skip
-        return path
+        caches = []
+        for r, rank_caches in enumerate(prob.caches()):
+            p = self.dir / f"case-{self.cases}-rank{r}.pt"
+            self.torch.save(rank_caches, p)
+            caches.append(p)
+        return path, caches
 
     def reference(self, prob: Any) -> tuple[Any, Any, list[list[Any]]]:
         """(float64 result, kernel-numerics result, the caches after the kernel-numerics step)."""
@@ -587,9 +613,15 @@ class _Run:
         return ref64, refk, caches
 
     def judge(
-        self, prob: Any, answers: Sequence[dict[str, Any]], ranks: Sequence[int] | None = None
+        self,
+        prob: Any,
+        answers: Sequence[dict[str, Any]],
+        ranks: Sequence[int] | None = None,
+        refs: tuple[Any, Any, list[list[Any]]] | None = None,
     ) -> dict[str, Any]:
-        ref64, refk, caches = self.reference(prob)
+        """The verdict on the ranks' answers (``refs``: ``reference(prob)``, computed if not
+        given)."""
+        ref64, refk, caches = refs if refs is not None else self.reference(prob)
         n = prob.inputs.x.shape[0]
         slots = prob.inputs.slots[:n]
         errs, bad, tol, health = [], 0, 0, []

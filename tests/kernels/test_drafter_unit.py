@@ -189,3 +189,45 @@ def test_selftest_cli_without_a_rocm_device_exits_3():
         stdin=subprocess.DEVNULL,
     )
     assert p.returncode == 2
+
+
+def test_selftest_verdicts_on_a_small_layout(tmp_path):
+    """The parent side of a selftest case with no GPU: a problem, its files (the strided block
+    table survives the round trip), both references, and the verdict on the kernel-numerics
+    reference standing in for the kernels' answers (it passes: that reference is within the
+    tolerance of the float64 one, and its caches are the expected ones)."""
+    import torch
+
+    from mono_aot.layouts import parse_layout
+    from mono_aot.reference import random_model
+
+    doc = LAY.model_dump(mode="json")
+    doc["model"].update(layers=2, hidden=1024, mlp=2048)
+    doc["targets"] = {"gfx942": {"ctas": 16}}
+    small = parse_layout(doc, "small test layout")
+    run = st._Run.__new__(st._Run)
+    run.torch, run.layout, run.arch, run.seed, run.log = torch, small, "gfx942", 0, print
+    run.dir, run.cases = tmp_path, 0
+    run.model = random_model(small, "gfx942", 0)
+    prob = run.problem(st.request_specs(small, 3, salt=3))
+    common, caches = run.save_case(prob)
+    c = torch.load(common, weights_only=True)
+    bt = c["bt_base"].as_strided(c["bt_shape"], c["bt_stride"], c["bt_offset"])
+    assert torch.equal(bt, prob.inputs.block_table) and bt.stride(0) != bt.shape[1]
+    assert len(caches) == small.parallel.tp
+    refs = run.reference(prob)
+    _, refk, final = refs
+    answers = [
+        {"rank": r, "out": refk.ranks[r].out, "caches": final[r], "health": [0, 0, 0, 0]}
+        for r in range(small.parallel.tp)
+    ]
+    res = run.judge(prob, answers, refs=refs)
+    assert res["ok"] and res["kv_bad_bytes"] == 0 and 0 < res["max_rel_error"] < st.TOLERANCE
+    # a poisoned output, a stray cache byte and a recorded timeout each fail the verdict
+    bad_out = [dict(a, out=torch.full_like(a["out"], float("nan"))) for a in answers]
+    assert not run.judge(prob, bad_out, refs=refs)["ok"]
+    stray = [dict(a, caches=[t.clone() for t in a["caches"]]) for a in answers]
+    stray[1]["caches"][0][-1, 0, 0, 0] ^= 0x11
+    assert run.judge(prob, stray, refs=refs)["kv_bad_bytes"] == 1
+    sick = [dict(a, health=[abi.STATUS_PEER_TIMEOUT, 6, 3, 0]) for a in answers]
+    assert not run.judge(prob, sick, refs=refs)["ok"]
