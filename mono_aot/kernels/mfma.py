@@ -11,16 +11,18 @@ Per wave and per 64-wide K chunk, lane ``l`` owns MFMA row ``l % 16`` and K grou
 one ``global_load_dwordx4`` brings the 16 fp8 weights ``k0 + 16 * (l // 16) + [0, 16)`` of its
 row, ``v_cvt_pk_f32_fp8`` + ``v_perm_b32`` turn them into 8 bf16 pairs (exact: every e4m3
 value is a bf16 value, so taking the f32's high half is the conversion), and two 16-byte loads
-bring the same 16 K positions of token ``l % 16`` of each 16-token tile. Four
-``v_mfma_f32_16x16x16_bf16`` per (row tile, token tile) consume them: the MFMA sums over the
-(lane group, element) pairs, and A and B assign those the same K positions, so any such
-assignment is the full dot product. Every weight byte is loaded exactly once per call.
+bring the same 16 K positions of token ``l % 16`` of each 16-token tile. Per (row tile, token
+tile) four ``v_mfma_f32_16x16x16_bf16`` (gfx942) or two ``v_mfma_f32_16x16x32_bf16`` (gfx950)
+consume them: an MFMA sums over (lane group, element) pairs and A and B map those to the same
+K positions, so any such assignment gives the full dot product. Every weight byte is loaded by
+exactly one load instruction per call; fp32 accumulation; the row scale is applied at the end.
 
 Rows past a workgroup's last row (a tile is 16 rows, a workgroup has ~8-24) and tokens past n
-load a clamped address (the last valid row / token: the same bytes another lane of the same
-instruction loads) instead of branching; MFMA rows and columns are independent, so those
-lanes only fill output positions that are never emitted. Token tiles wholly past n skip their
-MFMAs and their reduction round behind workgroup-uniform branches.
+load a clamped address (the last valid row / token: bytes another lane of the same instruction
+loads, or token n - 1) instead of branching or selecting zeros; MFMA rows and columns are
+independent, so those lanes only fill output positions that are never emitted. The number of
+token tiles is chosen at run time among straight-line versions (one per tile count from the
+plan's fewest to most tokens), each behind a workgroup-uniform branch.
 
 Nothing here reads ``grid_dim`` or calls device libraries; the only LDS is the caller's
 ``red`` buffer of ``GemmPlan.lds_bytes``.
