@@ -119,22 +119,31 @@ class AttnGeometry:
         return self.v_base // 4 + srow * (self.head_dim // 4) + (seg - 4) * 8
 
     def k_frag_word(self, tile, nn, grp):
-        """First of the 8 words (K dims ``qk_dim(grp, 0..7, 0..3)``) of position
+        """First of the 8 words (K dims 32 grp .. 32 grp + 31, see ``qk_dim``) of position
         ``tile * 16 + nn`` a lane feeds to ``S^T = K Q^T`` as operand A."""
         return (tile * MFMA_N + nn) * (self.k_stride // 4) + grp * 8
 
     def qk_dim(self, grp, step, e):
-        """The head dim of element ``e`` of k-step ``step`` of a lane's A (K) and B (q) operands."""
-        return grp * 32 + step * 4 + e
+        """The head dim of element ``e`` of k-step ``step`` of a lane's A (K) and B (q) operands
+        (``2 * mfma_words`` elements a step: K bytes / q floats ``step * 2 * mfma_words + e`` of
+        the lane's contiguous 32)."""
+        return grp * 32 + step * 2 * self.mfma_words + e
 
     def score_pos(self, tile, grp, j):
         """Chunk position of element ``j`` of a lane's S^T accumulator (and of its P^T operand)."""
         return tile * MFMA_N + grp * 4 + j
 
-    def v_frag_word(self, tile, grp, j, nn):
-        """The 2 words (V dims ``v_dim(nn, 0..7)``) of position ``score_pos(tile, grp, j)`` a
-        lane feeds to ``O^T = V^T P^T`` as operand A (element j of M-tile t is byte t)."""
-        return self.v_base // 4 + self.score_pos(tile, grp, j) * (self.head_dim // 4) + nn * 2
+    def pv_pos(self, step, grp, e):
+        """Chunk position of element ``e`` of a lane's P^T and V^T operands in PV step ``step``:
+        a step covers ``mfma_words // 2`` score tiles (elements 4i..4i+3 are tile i's S^T
+        accumulator, as the softmax left it in the lane)."""
+        per = self.mfma_words // 2
+        return self.score_pos(step * per + e // 4, grp, e % 4)
+
+    def v_frag_word(self, pos, nn):
+        """The 2 words (V dims ``v_dim(nn, 0..7)``) of chunk position ``pos`` a lane reads for
+        its V^T operands of ``O^T = V^T P^T`` (byte t feeds M-tile t)."""
+        return self.v_base // 4 + pos * (self.head_dim // 4) + nn * 2
 
     def v_dim(self, nn, t):
         """The head dim of byte ``t`` of a lane's V fragment (row ``nn`` of M-tile ``t``)."""
@@ -144,6 +153,12 @@ class AttnGeometry:
         """The head dim of element ``j`` of a lane's O^T accumulator of M-tile ``t``
         (``v_dim(4 * grp + j, t)``): a lane ends with dims 32 grp .. 32 grp + 31."""
         return self.v_dim(grp * 4 + j, t)
+
+    @property
+    def mfma_words(self) -> int:
+        """Operand words a lane feeds one MFMA: 4 (``v_mfma_f32_16x16x32_bf16``, gfx950: k =
+        32, twice the 16-deep instruction's work for the same issue) or 2 (gfx942)."""
+        return 4 if self.arch == "gfx950" else 2
 
     @property
     def prep_tasks_per_token(self) -> int:
@@ -288,26 +303,19 @@ def _bf16_pair_exact(a, b):
     )
 
 
-def _bf16x4_exact(a, b, c, d):
-    return fx.Vector.from_elements(
-        [_bf16_pair_exact(a, b), _bf16_pair_exact(c, d)], fx.Int32
-    ).bitcast(fx.Int16)
-
-
-def _fp8x4_to_bf16x4(word, arch):
-    """The 4 fp8 codes of an i32 word as an MFMA bf16x4 operand (exact): one
+def _fp8x4_to_bf16_words(word, arch):
+    """The 4 fp8 codes of an i32 word as 2 words of bf16 pairs (exact; byte 0 first): one
     ``v_cvt_scalef32_pk_bf16_fp8`` a pair on gfx950, ``v_cvt_pk_f32_fp8`` and a ``v_perm_b32``
     a pair on gfx942."""
     if arch == "gfx942":
         f = _fp8x4_to_f32(word)
-        return _bf16x4_exact(f[0], f[1], f[2], f[3])
+        return [_bf16_pair_exact(f[0], f[1]), _bf16_pair_exact(f[2], f[3])]
     one = fx.Float32(1.0).ir_value()
     w = fx.Int32(word).ir_value()
-    pairs = [
+    return [
         fx.Vector(rocdl.cvt_scalef32_pk_bf16_fp8(T.vec(2, T.bf16), w, one, hi)).bitcast(fx.Int32)[0]
         for hi in (False, True)
     ]
-    return fx.Vector.from_elements(pairs, fx.Int32).bitcast(fx.Int16)
 
 
 def _bf16_bits_rne(x):
@@ -317,19 +325,31 @@ def _bf16_bits_rne(x):
     return b + ((b >> 16) & 1) + 0x7FFF
 
 
-def _bf16x4_round(vals, arch):
-    """4 fp32 -> 4 bf16 (round to nearest even) as an MFMA operand: ``v_cvt_pk_bf16_f32`` on
-    gfx950, two integer ops a value and one ``v_perm_b32`` a pair where that does not exist."""
+def _bf16_round_words(vals, arch):
+    """fp32 values (an even count) -> words of bf16 pairs, round to nearest even:
+    ``v_cvt_pk_bf16_f32`` on gfx950, two integer ops a value and one ``v_perm_b32`` a pair where
+    that does not exist."""
     if arch == "gfx942":
         r = [_bf16_bits_rne(v) for v in vals]
-        words = [fx.Int32(rocdl.perm_b32(r[1], r[0], fx.Int32(0x07060302))),
-                 fx.Int32(rocdl.perm_b32(r[3], r[2], fx.Int32(0x07060302)))]  # fmt: skip
-        return fx.Vector.from_elements(words, fx.Int32).bitcast(fx.Int16)
-    return fx.Vector.from_elements(list(vals), fx.Float32).to(fx.BFloat16).bitcast(fx.Int16)
+        return [
+            fx.Int32(rocdl.perm_b32(r[i + 1], r[i], fx.Int32(0x07060302)))
+            for i in range(0, len(r), 2)
+        ]
+    v = fx.Vector.from_elements(list(vals), fx.Float32).to(fx.BFloat16).bitcast(fx.Int32)
+    return [v[i] for i in range(len(vals) // 2)]
 
 
-def _mfma(a, b, c):
-    return fx.Vector(rocdl.mfma_f32_16x16x16bf16_1k(T.vec(4, T.f32), [a, b, c]))
+def _mfma(a_words, b_words, c):
+    """D = A B + C on 16x16 fp32 tiles from bf16 operands given as words of pairs: 2 words a
+    lane -> ``v_mfma_f32_16x16x16_bf16`` (k = 16), 4 words -> ``v_mfma_f32_16x16x32_bf16``
+    (k = 32, gfx950)."""
+    if len(a_words) == 2:
+        a = fx.Vector.from_elements(list(a_words), fx.Int32).bitcast(fx.Int16)
+        b = fx.Vector.from_elements(list(b_words), fx.Int32).bitcast(fx.Int16)
+        return fx.Vector(rocdl.mfma_f32_16x16x16bf16_1k(T.vec(4, T.f32), [a, b, c]))
+    a = fx.Vector.from_elements(list(a_words), fx.Int32).bitcast(fx.BFloat16)
+    b = fx.Vector.from_elements(list(b_words), fx.Int32).bitcast(fx.BFloat16)
+    return fx.Vector(rocdl.mfma_f32_16x16x32_bf16(T.vec(4, T.f32), [a, b, c]))
 
 
 def _sat(x, lim):
@@ -406,6 +426,8 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
     TPW = -(-g.slots // CTAS)  # attention tasks one workgroup may get (2: slots < 2 CTAs)
     ITEMS = -(-g.max_reqs * QPR * H // (CTAS * WAVES))  # combine rows one wave may get
     ARCH = g.arch
+    # words of bf16 pairs a lane feeds one MFMA: 2 (16x16x16) or 4 (16x16x32 on gfx950)
+    KW = g.mfma_words
 
     # ---- the split plan: the same numbers in every workgroup and in both attention phases
 
@@ -563,8 +585,10 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
         # a select here would make the math wait for the loads it is meant to overlap
         return v0, v1, good.select(fx.Int32(1), fx.Int32(0))
 
-    def chunk_math(lds, c0, p1, nn, grp, qb, acc, m, lsum):
-        """One staged chunk: scores, online softmax update, P V; returns (acc, m, lsum)."""
+    def chunk_math(lds, c0, p1, nn, grp, qw, acc, m, lsum):
+        """One staged chunk: scores, online softmax update, P V; returns (acc, m, lsum).
+
+        ``qw``: the lane's 16 words of bf16 q pairs (dims 32 grp .. 32 grp + 31 in order)."""
         lk = _lds(lds, 16)
         lv = _lds(lds, 8)
         sc = []
@@ -572,10 +596,13 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
             kw = g.k_frag_word(tile, nn, grp)  # int32 words
             k0 = fx.Vector(fx.generic_load(lk + kw, count=4))
             k1 = fx.Vector(fx.generic_load(lk + (kw + 4), count=4))
-            words = [k0[0], k0[1], k0[2], k0[3], k1[0], k1[1], k1[2], k1[3]]
+            kb = []
+            for w in (k0[0], k0[1], k0[2], k0[3], k1[0], k1[1], k1[2], k1[3]):
+                kb += _fp8x4_to_bf16_words(w, ARCH)
             s = fx.Vector.filled((4,), 0.0, fx.Float32)
-            for st in range_constexpr(8):
-                s = _mfma(_fp8x4_to_bf16x4(words[st], ARCH), qb[st], s)
+            for st in range_constexpr(16 // KW):  # k-steps over the 128 dims
+                ops = slice(st * KW, st * KW + KW)
+                s = _mfma(kb[ops], qw[ops], s)
             for j in range_constexpr(4):
                 ok = (c0 + g.score_pos(tile, grp, j)) < p1
                 sc.append(ok.select(s[j], fx.Float32(-math.inf)))
@@ -591,15 +618,21 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
             ps = ps + pr[e]
         lsum = lsum * alpha + ps
         acc = [a * alpha for a in acc]
-        for tile in range_constexpr(TILES):
-            pb = _bf16x4_round(pr[tile * 4 : tile * 4 + 4], ARCH)
-            vals = []
-            for j in range_constexpr(4):
-                vw = g.v_frag_word(tile, grp, j, nn)
+        # PV steps of KW * 8 positions (KW // 2 score tiles each)
+        per = KW // 2
+        for grp_t in range_constexpr(TILES // per):
+            pw = _bf16_round_words(pr[grp_t * 4 * per : (grp_t + 1) * 4 * per], ARCH)
+            vals = []  # [element][t]: V dim v_dim(nn, t) at the element's position
+            for e in range_constexpr(4 * per):
+                vw = g.v_frag_word(g.pv_pos(grp_t, grp, e), nn)
                 v = fx.Vector(fx.generic_load(lv + vw, count=2))
                 vals.append(_fp8x4_to_f32(v[0]) + _fp8x4_to_f32(v[1]))
             acc = [
-                _mfma(_bf16x4_exact(vals[0][t], vals[1][t], vals[2][t], vals[3][t]), pb, acc[t])
+                _mfma(
+                    [_bf16_pair_exact(vals[e][t], vals[e + 1][t]) for e in range(0, 4 * per, 2)],
+                    pw,
+                    acc[t],
+                )
                 for t in range(8)
             ]
         return acc, m_new, lsum
@@ -643,7 +676,7 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
             for u in range_constexpr(8):
                 v = fx.Vector(_ld(fx.Float32, qa + u * 16, 4))
                 qf += [v[0] * q_scale, v[1] * q_scale, v[2] * q_scale, v[3] * q_scale]
-            qb = [_bf16x4_round(qf[4 * st : 4 * st + 4], ARCH) for st in range(8)]
+            qw = _bf16_round_words(qf, ARCH)
             acc = [fx.Vector.filled((4,), 0.0, fx.Float32) for _ in range(8)]
             m = fx.Float32(NEG_BIG)
             lsum = fx.Float32(0.0)
@@ -665,7 +698,7 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
                 )
                 blk = block_of(c0 + 2 * CHUNK, p1, req, bt_stride, bt, srow)
                 rocdl.sched_barrier(0)  # issue those loads before the math, not after it
-                acc, m, lsum = chunk_math(lds, c0, p1, nn, grp, qb, acc, m, lsum)
+                acc, m, lsum = chunk_math(lds, c0, p1, nn, grp, qw, acc, m, lsum)
                 c0 = c0 + CHUNK
             ltot = _xor_sum(lsum, (16, 32))
             # lane holds O^T[dim 32*grp + 8*j + t][row r] in acc[t][j]

@@ -130,8 +130,12 @@ def test_probe_isa_has_what_the_design_relies_on(probe_build, arch):
     if arch == "gfx950":  # K straight to bf16 pairs, P rounded by the hardware's packer
         assert _count(isa, "v_cvt_scalef32_pk_bf16_fp8") >= 16
         assert _count(isa, "v_cvt_pk_bf16_f32") >= 8
-    # both products of a staged chunk on the bf16 MFMA: (QK + PV) x 8 per 16-position tile
-    assert _count(isa, "v_mfma_f32_16x16x16_bf16") >= 16 * (geom.chunk // 16)
+    # both products of a staged chunk on the bf16 MFMA: per 16-position tile 8 (QK) + 8 (PV)
+    # 16-deep ones on gfx942, half as many 32-deep ones on gfx950
+    if arch == "gfx950":
+        assert _count(isa, "v_mfma_f32_16x16x32_bf16") >= 8 * (geom.chunk // 16)
+    else:
+        assert _count(isa, "v_mfma_f32_16x16x16_bf16") >= 16 * (geom.chunk // 16)
     # the cache is read with 16-byte loads only and written a dword a lane: no byte or short
     # access to global memory anywhere in the phases
     assert _count(isa, "global_load_dwordx4") >= 4
@@ -192,31 +196,38 @@ def test_split_never_needs_more_slots_than_the_scratch_has(arch, lens):
 # ---------------------------------------------------------------- the lanes' operand layout, emulated
 
 
-def _mfma_16x16x16(a_lanes, b_lanes):
-    """``v_mfma_f32_16x16x16_bf16`` on per-lane operands, as the CDNA3 ISA lays them out:
-    lane l holds A[l % 16][4 (l // 16) + e] and B[4 (l // 16) + e][l % 16] (e = 0..3) and gets
-    D[4 (l // 16) + e][l % 16]."""
-    a = torch.zeros((16, 16), dtype=torch.float64)
-    b = torch.zeros((16, 16), dtype=torch.float64)
+def _mfma_16x16(a_lanes, b_lanes):
+    """``v_mfma_f32_16x16x{4E}_bf16`` on per-lane operands of E elements, as the CDNA ISA lays
+    them out: lane l holds A[l % 16][E (l // 16) + e] and B[E (l // 16) + e][l % 16] and gets
+    D[4 (l // 16) + i][l % 16] (i = 0..3). E = 4: the 16-deep instruction, 8: gfx950's 32."""
+    E = len(a_lanes[0])
+    a = torch.zeros((16, 4 * E), dtype=torch.float64)
+    b = torch.zeros((4 * E, 16), dtype=torch.float64)
     for lane in range(64):
-        for e in range(4):
-            a[lane % 16, 4 * (lane // 16) + e] = a_lanes[lane][e]
-            b[4 * (lane // 16) + e, lane % 16] = b_lanes[lane][e]
+        for e in range(E):
+            a[lane % 16, E * (lane // 16) + e] = a_lanes[lane][e]
+            b[E * (lane // 16) + e, lane % 16] = b_lanes[lane][e]
     d = a @ b
-    return [[float(d[4 * (lane // 16) + e, lane % 16]) for e in range(4)] for lane in range(64)]
+    return [[float(d[4 * (lane // 16) + i, lane % 16]) for i in range(4)] for lane in range(64)]
 
 
-def test_lane_layout_computes_both_products():
+def _add(x, y):
+    return [[p + q for p, q in zip(r, s, strict=True)] for r, s in zip(x, y, strict=True)]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_lane_layout_computes_both_products(arch):
     """One staged chunk through the kernel's index functions and the ISA's MFMA register
     layout gives ``S = q K^T`` and ``O = P V`` (every position, row and dim in its place)."""
     from mono_aot.fp8 import decode, format_for_arch
 
-    g = _attention().AttnGeometry.build(resolve_layout(LAYOUT_NAME), "gfx942", "wide")
-    fmt = format_for_arch("gfx942")
-    D, C = g.head_dim, g.chunk
+    g = _attention().AttnGeometry.build(resolve_layout(LAYOUT_NAME), arch, "wide")
+    fmt = format_for_arch(arch)
+    D, C, E = g.head_dim, g.chunk, 2 * g.mfma_words  # E: operand elements a lane
     gen = torch.Generator().manual_seed(3)
     rows = torch.randint(0, 256, (C, 2 * D), generator=gen, dtype=torch.int64).to(torch.uint8)
-    rows[rows == fmt.nan_code] = 0
+    table = decode(torch.arange(256, dtype=torch.int64).to(torch.uint8), fmt, torch.float64)
+    rows[torch.isnan(table[rows.to(torch.int64)])] = 0
     kv = decode(rows, fmt, torch.float64)
     k, v = kv[:, :D], kv[:, D:]
     # staging: thread (srow, seg) puts its 32 bytes of cache row srow at its LDS word
@@ -227,7 +238,6 @@ def test_lane_layout_computes_both_products():
         at = slice(word * 4, word * 4 + 32)
         assert bool((lds[at] == -1).all())  # no two threads write the same bytes
         lds[at] = rows[srow, seg * 32 : seg * 32 + 32].to(torch.int64)
-    table = decode(torch.arange(256, dtype=torch.int64).to(torch.uint8), fmt, torch.float64)
 
     def byte(word, off):
         code = int(lds[word * 4 + off])
@@ -239,30 +249,27 @@ def test_lane_layout_computes_both_products():
     s_emul = torch.full((16, C), torch.nan, dtype=torch.float64)
     o_emul = torch.full((16, D), torch.nan, dtype=torch.float64)
     lanes = [(lane % 16, lane // 16) for lane in range(64)]
-    o_acc = [[[0.0] * 4 for _ in range(64)] for _ in range(8)]
     for tile in range(C // 16):
         acc = [[0.0] * 4 for _ in range(64)]
-        for st_ in range(8):
+        for st_ in range(D // (4 * E)):  # k-steps over the head dims
             a = [
-                [byte(g.k_frag_word(tile, nn, grp), 4 * st_ + e) for e in range(4)]
+                [byte(g.k_frag_word(tile, nn, grp), E * st_ + e) for e in range(E)]
                 for nn, grp in lanes
             ]
-            b = [[float(q[nn, g.qk_dim(grp, st_, e)]) for e in range(4)] for nn, grp in lanes]
-            d = _mfma_16x16x16(a, b)
-            acc = [
-                [x + y for x, y in zip(r, dr, strict=True)] for r, dr in zip(acc, d, strict=True)
-            ]
+            b = [[float(q[nn, g.qk_dim(grp, st_, e)]) for e in range(E)] for nn, grp in lanes]
+            acc = _add(acc, _mfma_16x16(a, b))
         for lane, (nn, grp) in enumerate(lanes):
             for j in range(4):
                 s_emul[nn, g.score_pos(tile, grp, j)] = acc[lane][j]
-        b = [[float(p[nn, g.score_pos(tile, grp, e)]) for e in range(4)] for nn, grp in lanes]
+    o_acc = [[[0.0] * 4 for _ in range(64)] for _ in range(8)]
+    for step in range(C // (4 * E)):  # PV steps over the chunk's positions
+        b = [[float(p[nn, g.pv_pos(step, grp, e)]) for e in range(E)] for nn, grp in lanes]
         for t in range(8):
-            a = [[byte(g.v_frag_word(tile, grp, j, nn), t) for j in range(4)] for nn, grp in lanes]
-            d = _mfma_16x16x16(a, b)
-            o_acc[t] = [
-                [x + y for x, y in zip(r, dr, strict=True)]
-                for r, dr in zip(o_acc[t], d, strict=True)
+            a = [
+                [byte(g.v_frag_word(g.pv_pos(step, grp, e), nn), t) for e in range(E)]
+                for nn, grp in lanes
             ]
+            o_acc[t] = _add(o_acc[t], _mfma_16x16(a, b))
     for t in range(8):
         for lane, (nn, grp) in enumerate(lanes):
             for j in range(4):
@@ -271,9 +278,8 @@ def test_lane_layout_computes_both_products():
     assert torch.allclose(o_emul, p @ v, rtol=1e-12, atol=1e-9)
     # what the kernel's contiguous loads and stores assume about those functions
     for grp in range(4):
-        assert [g.qk_dim(grp, u, e) for u in range(8) for e in range(4)] == list(
-            range(32 * grp, 32 * grp + 32)
-        )
+        dims = [g.qk_dim(grp, u, e) for u in range(D // (4 * E)) for e in range(E)]
+        assert dims == list(range(32 * grp, 32 * grp + 32))
         assert [g.out_dim(grp, e // 8, e % 8) for e in range(32)] == list(
             range(32 * grp, 32 * grp + 32)
         )
