@@ -290,9 +290,9 @@ def rank_step(
     ``force_kv`` (uint8 ``[layers, n, kv_heads_per_rank, 2*head_dim]``, e.g. the bytes a
     kernel wrote): store these instead of the computed bytes, so attention -- and every later
     layer -- sees the same cache as the kernel did. The step is chaotic at the fp8 level (a
-    value on a rounding midpoint flips a code by one, ~6%, and the change propagates), so
-    without it only layer 0's bytes can be compared exactly; with it, each layer's computed
-    bytes (``StepResult.kv``) are compared given the same history.
+    value on a rounding midpoint flips a code by one, ~6%, and the change propagates): with it,
+    each layer's computed bytes (``StepResult.kv``) are compared given the same cache history
+    (the residual still carries bf16-level differences; see "What a kernel can be held to").
     """
     f = resolve_format(fmt)
     st = _Store(numerics)
