@@ -15,10 +15,12 @@ separated from the next by the kernel's grid barrier:
    every K/V byte of its partition once from the cache (16-byte loads, staged through LDS in
    chunks of ``threads / 8`` positions) and serves all ``qpr x heads`` = 128 query rows of its
    request (the 16 q heads share the rank's one KV head), wave w holding rows 16w..16w+15. Both
-   products run on ``v_mfma_f32_16x16x16_bf16``: ``S^T = K Q^T`` (K rows are the A operand as
+   products run on the bf16 MFMA (``v_mfma_f32_16x16x16_bf16``; gfx950's 32-deep
+   ``v_mfma_f32_16x16x32_bf16``, half as many): ``S^T = K Q^T`` (K rows are the A operand as
    stored, 32 contiguous bytes a lane), then ``O^T = V^T P^T`` (P comes straight out of S's
-   accumulator layout, V is transposed by choosing which dims a lane's operand holds); fp32
-   online softmax in the exp2 domain. A request whose context fits one partition writes its
+   accumulator layout, V is transposed by choosing which dims a lane's operand holds); fp8 is
+   exact in bf16, q and P are rounded to it; fp32 accumulation and online softmax in the exp2
+   domain. A request whose context fits one partition writes its
    bf16 output directly; otherwise the task stores its unnormalised fp32 output and its
    (max, sum) per row into the ``attn_part`` / ``attn_ml`` scratch regions.
 3. ``combine`` — the log-sum-exp merge of a split request's partials into the bf16 output.
