@@ -137,16 +137,19 @@ def compile_kernel(
     err_path = out / "stderr.txt"
     t0 = time.perf_counter()
     with open(err_path, "wb") as err, open(out / "stdout.txt", "wb") as so:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "mono_aot.build.worker", str(req_path)],
-            stdin=subprocess.DEVNULL,
-            stdout=so,
-            stderr=err,
-            env=_child_env(arch, cache, rocm, dump),
-            cwd=out,
-            start_new_session=True,  # a timeout kill takes the worker's children too
-        )
-        with _LIVE_LOCK:
+        env = _child_env(arch, cache, rocm, dump)
+        with _LIVE_LOCK:  # spawn and register as one step, so an interrupt kills every worker
+            if _STOPPING.is_set():
+                raise CompileError(f"{provider.module} {variant} for {arch}: the build was stopped")
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "mono_aot.build.worker", str(req_path)],
+                stdin=subprocess.DEVNULL,
+                stdout=so,
+                stderr=err,
+                env=env,
+                cwd=out,
+                start_new_session=True,  # a timeout kill takes the worker's children too
+            )
             _LIVE.add(proc)
         try:
             rc = proc.wait(timeout=timeout)
@@ -190,15 +193,23 @@ def compile_kernel(
 
 _LIVE: set[subprocess.Popen] = set()
 _LIVE_LOCK = threading.Lock()
+_STOPPING = threading.Event()
 
 
-def kill_running_workers() -> int:
-    """Kill every compile worker this process has running (an interrupted build); how many."""
+def kill_running_workers(*, stop: bool = True) -> int:
+    """Kill every compile worker this process has running (an interrupted build) and, with
+    ``stop``, refuse to start more until ``allow_workers()``; returns how many were killed."""
     with _LIVE_LOCK:
+        if stop:
+            _STOPPING.set()
         procs = list(_LIVE)
     for proc in procs:
         _kill_group(proc)
     return len(procs)
+
+
+def allow_workers() -> None:
+    _STOPPING.clear()
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

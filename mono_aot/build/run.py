@@ -23,6 +23,7 @@ from mono_aot.build.compile import (
     DEFAULT_TIMEOUT_S,
     CompileError,
     CompileResult,
+    allow_workers,
     compile_kernel,
     kill_running_workers,
 )
@@ -199,6 +200,7 @@ def run_jobs(
                 on_result(res)
         return res
 
+    allow_workers()
     ex = ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="mono-aot-build")
     try:
         futures = [ex.submit(one, job) for job in jobs]
