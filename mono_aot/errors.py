@@ -5,6 +5,7 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_FAILED = 1  # an operation failed (compile, check, verify, I/O)
 EXIT_BAD_INPUT = 2  # bad input or usage (spec, option, unknown name)
+EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT), as shells report it
 
 
 class MonoError(Exception):

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from mono_aot.errors import EXIT_BAD_INPUT, EXIT_FAILED, MonoError
+from mono_aot.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, MonoError
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 
@@ -29,7 +29,11 @@ def run_main(group: click.Group, argv: list[str] | None) -> int:
         group.main(args=argv, prog_name="mono-aot", standalone_mode=False)
     except click.exceptions.Exit as e:
         return e.exit_code
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as e:
+        # click turns Ctrl-C into Abort; keep the shell's convention for an interrupt
+        if isinstance(e.__context__, KeyboardInterrupt):
+            click.echo("mono-aot: interrupted", err=True)
+            return EXIT_INTERRUPTED
         click.echo("mono-aot: aborted", err=True)
         return EXIT_FAILED
     except click.ClickException as e:
@@ -41,5 +45,5 @@ def run_main(group: click.Group, argv: list[str] | None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         click.echo("mono-aot: interrupted", err=True)
-        return 130
+        return EXIT_INTERRUPTED
     return 0
