@@ -87,9 +87,9 @@ def _store(root: str | None):
     "--provider",
     "provider_spec",
     default=None,
-    hidden=True,
     metavar="DIR:MODULE",
-    help="Build another kernel provider (development and tests).",
+    help="Build the kernels of MODULE found in DIR instead of mono_aot.kernels "
+    "(kernel development and tests).",
 )
 @json_option
 def build(
