@@ -232,7 +232,7 @@ class _Rank:
     def __init__(self, msg: dict[str, Any]) -> None:
         import torch
 
-        from mono_aot.kernels import build_drafter, build_wide
+        from mono_aot.kernels import build_drafter, build_wide, trace_args
         from mono_aot.layouts import parse_layout
 
         self.torch = torch
@@ -256,6 +256,10 @@ class _Rank:
                 self.fns[(v, "short")] = build_drafter(lay, self.arch, short)
             else:
                 self.fns[(v, "short")] = build_wide(lay, self.arch, lay.serving.wide_base, short)
+        # compile every launcher now (no launch): JIT compile times differ between ranks by
+        # tens of seconds, far beyond the wait bound, so no rank may compile at its first launch
+        for (v, _), fn in self.fns.items():
+            fn._compile_only(*trace_args(v, lay))
         w = torch.load(msg["weights"], weights_only=True)
         self.packed = {k: t.to(self.dev) for k, t in w["packed"].items()}
         self.norms = {k: t.to(self.dev) for k, t in w["norms"].items()}
