@@ -7,7 +7,7 @@ ARCH ?= gfx942
 # a looser pin would download a multi-GB GPU build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup test test-fast build wheel lint clean
+.PHONY: setup test test-rocm build wheel lint clean
 
 setup: $(BIN)/mono-aot
 
@@ -21,6 +21,12 @@ $(BIN)/mono-aot: pyproject.toml
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+# On an MI300X / MI355X box with a ROCm build of torch already in .venv
+# (make setup TORCH_PIN=torch keeps it): the GPU tests, then the kernels' selftest.
+test-rocm: setup
+	$(BIN)/python -m pytest -q -m rocm
+	$(BIN)/mono-aot selftest
 
 build: setup
 	$(BIN)/mono-aot build --arch $(ARCH)
