@@ -23,6 +23,16 @@ def fail(message: str, code: int = EXIT_FAILED) -> None:
     sys.exit(code)
 
 
+def _one_line(e: click.ClickException) -> str:
+    """A usage error as one line naming the command (click prints usage, a hint and "Error:")."""
+    msg = " ".join(e.format_message().split())
+    ctx = getattr(e, "ctx", None)
+    if ctx is None:
+        return msg
+    sub = ctx.command_path.partition(" ")[2]
+    return f"{sub + ': ' if sub else ''}{msg} (see '{ctx.command_path} --help')"
+
+
 def run_main(group: click.Group, argv: list[str] | None) -> int:
     """Run ``group``; MonoError becomes its exit code and a message, never a traceback."""
     try:
@@ -36,8 +46,11 @@ def run_main(group: click.Group, argv: list[str] | None) -> int:
             return EXIT_INTERRUPTED
         click.echo("mono-aot: aborted", err=True)
         return EXIT_FAILED
+    except click.exceptions.NoArgsIsHelpError as e:
+        e.show()  # a group called without a command: its help, as click prints it
+        return EXIT_BAD_INPUT
     except click.ClickException as e:
-        e.show()
+        click.echo(f"mono-aot: {_one_line(e)}", err=True)
         return EXIT_BAD_INPUT if isinstance(e, click.UsageError) else e.exit_code
     except MonoError as e:
         for line in str(e).splitlines() or [type(e).__name__]:
