@@ -373,3 +373,30 @@ def test_cli_list_show_schema_json():
     assert "properties" in json.loads(r.stdout)
     r = run_cli("layouts", "show", "nope")
     assert r.returncode == 2 and "no such shipped layout" in r.stderr
+
+
+def test_cli_validate_reports_a_directory_and_an_unreadable_file_per_file(tmp_path):
+    import json
+
+    d = tmp_path / "dir.toml"
+    d.mkdir()
+    missing = tmp_path / "missing.toml"
+    r = run_cli("layouts", "validate", "--json", str(d), str(missing), str(SHIPPED))
+    assert r.returncode == 2, r.stderr
+    docs = json.loads(r.stdout)  # every file has its result, the good one too
+    assert [x["ok"] for x in docs] == [False, False, True]
+    assert r.stderr.strip().splitlines() == [
+        f"mono-aot: {d}: cannot read: Is a directory",
+        f"mono-aot: {missing}: cannot read: No such file or directory",
+    ]
+
+
+def test_cli_show_prints_the_canonical_form_whose_sha256_is_the_digest():
+    import hashlib
+
+    r = run_cli("layouts", "show", "minimax-m3-dspark-tp4")
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("canonical"))
+    canonical = line.split(": ", 1)[1]
+    digest = r.stdout.split("digest ", 1)[1].split()[0]
+    assert hashlib.sha256(canonical.encode()).hexdigest() == digest

@@ -83,10 +83,13 @@ def show_cmd(name: str, as_json: bool) -> None:
     click.echo("derived:")
     for k, v in doc["derived"].items():
         click.echo(f"  {k} = {v}")
+    click.echo(f"canonical (sha256 = digest): {lay.canonical_json()}")
 
 
 @layouts.command("validate")
-@click.argument("paths", nargs=-1, required=True, type=click.Path(dir_okay=False))
+# no click.Path checks: load_layout reports a directory or unreadable file as that file's
+# problem, so the other files are still checked and --json still prints every result
+@click.argument("paths", nargs=-1, required=True)
 @json_option
 def validate_cmd(paths: tuple[str, ...], as_json: bool) -> None:
     """Check spec files; one line per problem (file: field: rule), exit 2 if any."""
