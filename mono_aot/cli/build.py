@@ -34,7 +34,11 @@ def _provider(spec: str | None):
 def _store(root: str | None):
     from mono_aot.store import Store
 
-    return Store.at(root) if root else Store.default()
+    if root is None:
+        return Store.default()
+    if not root.strip():
+        raise BadInput("--store: empty path (omit --store to build into the user cache)")
+    return Store.at(root)
 
 
 @click.command("build")
@@ -103,11 +107,11 @@ def build(
     from mono_aot.build.plan import current_toolchain, plan_jobs, select_layouts, stale_reason
     from mono_aot.build.run import FAILED, run_jobs
 
+    store = _store(store_dir)
     lays = select_layouts(layouts)
     provider = _provider(provider_spec)
     toolchain = current_toolchain()
     jobs = plan_jobs(lays, archs, variants, provider, toolchain)
-    store = _store(store_dir)
 
     if dry_run:
         rows = []

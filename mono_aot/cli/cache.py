@@ -54,14 +54,17 @@ def _store(ctx: click.Context) -> Store:
 @click.option(
     "--store",
     "store_dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=click.Path(file_okay=False),
     help="Use this store root alone instead of MONO_AOT_PATH, the user cache and packs.",
 )
 @click.pass_context
-def cache(ctx: click.Context, store_dir: Path | None) -> None:
+def cache(ctx: click.Context, store_dir: str | None) -> None:
     """The artifact store: MONO_AOT_PATH roots, the user cache, installed packs."""
     ctx.ensure_object(dict)
-    ctx.obj["store"] = Store.at(store_dir) if store_dir else Store.default()
+    if store_dir is not None and not store_dir.strip():
+        # Path("") is the working directory: never let `clear --yes` empty that by accident
+        raise BadInput("--store: empty path (omit --store to use the layers)")
+    ctx.obj["store"] = Store.at(Path(store_dir)) if store_dir is not None else Store.default()
 
 
 @cache.command("ls")

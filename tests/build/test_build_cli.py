@@ -341,3 +341,13 @@ def test_interrupting_a_build_stops_its_workers(tmp_path):
             break
         time.sleep(0.1)
     assert workers() == []
+
+
+def test_an_empty_store_path_is_bad_input_not_the_user_cache(tmp_path):
+    cache = tmp_path / "user-cache"
+    p = run_cli(
+        "build", "--provider", DEMO, "--store", "", "--arch", "gfx942", "--variant", "narrow",
+        env_extra={"MONO_AOT_CACHE_DIR": str(cache)},
+    )  # fmt: skip
+    assert p.returncode == 2 and "--store: empty path" in p.stderr, p.stderr
+    assert not cache.exists()

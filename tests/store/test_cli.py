@@ -227,3 +227,10 @@ def test_bad_size_is_a_usage_error(tmp_path) -> None:
     for bad in ("2X", "-1", "", "M"):
         r = _cache(tmp_path, "gc", "--max-size", bad)
         assert r.returncode == 2 and "is not a size" in r.stderr, (bad, r.stderr)
+
+
+def test_an_empty_store_path_is_bad_input_not_the_working_directory(tmp_path) -> None:
+    # Path("") is "."; `clear --yes` must never empty the directory the user stands in
+    for args in (("ls",), ("clear", "--yes")):
+        r = run_cli("cache", "--store", "", *args, env={"MONO_AOT_CACHE_DIR": str(tmp_path)})
+        assert r.returncode == 2 and "--store: empty path" in r.stderr, r.stderr
