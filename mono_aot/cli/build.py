@@ -28,6 +28,11 @@ def _provider(spec: str | None):
         raise BadInput(f"--provider {spec}: expected DIR:MODULE")
     if not Path(directory).is_dir():
         raise BadInput(f"--provider {spec}: {directory} is not a directory")
+    from importlib.machinery import PathFinder
+
+    # found without importing it (that is the worker's job); else every job fails alike
+    if PathFinder.find_spec(module.partition(".")[0], [directory]) is None:
+        raise BadInput(f"--provider {spec}: no module {module!r} in {directory}")
     return directory_provider(Path(directory), module)
 
 

@@ -351,3 +351,11 @@ def test_an_empty_store_path_is_bad_input_not_the_user_cache(tmp_path):
     )  # fmt: skip
     assert p.returncode == 2 and "--store: empty path" in p.stderr, p.stderr
     assert not cache.exists()
+
+
+def test_a_provider_module_missing_from_its_directory_is_bad_input(tmp_path):
+    # caught before planning, rather than as one failed compile per job
+    p = run_cli("build", "--provider", f"{tmp_path}:nomodule", "--store", str(tmp_path / "s"))
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert f"no module 'nomodule' in {tmp_path}" in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "s").exists()
