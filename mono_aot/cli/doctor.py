@@ -28,6 +28,19 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def _store_row(layer: str, root) -> dict:
+    # a file (or a path through one) can never hold a store: say so, not "not created yet"
+    blocked = next((p for p in (root, *root.parents) if p.exists()), None)
+    not_a_dir = str(blocked) if blocked is not None and not blocked.is_dir() else None
+    return {
+        "layer": layer,
+        "root": str(root),
+        "exists": root.is_dir(),
+        "writable": is_writable_dir(root),
+        "not_a_directory": not_a_dir,
+    }
+
+
 def collect() -> dict:
     """Everything doctor reports, as data (the text view and --json share it)."""
     missing: list[dict[str, str]] = []
@@ -57,28 +70,15 @@ def collect() -> dict:
     if linker is None:
         missing.append({"what": "ld.lld >= 19 (needed to build)", "fix": HOW_TO_GET_A_LINKER})
 
-    stores = [
-        {
-            "layer": "MONO_AOT_PATH",
-            "root": str(p),
-            "exists": p.is_dir(),
-            "writable": is_writable_dir(p),
-        }
-        for p in extra_store_roots()
-    ]
+    stores = [_store_row("MONO_AOT_PATH", p) for p in extra_store_roots()]
     cache = user_cache_root()
-    stores.append(
-        {
-            "layer": "user cache",
-            "root": str(cache),
-            "exists": cache.is_dir(),
-            "writable": is_writable_dir(cache),
-        }
-    )
+    stores.append(_store_row("user cache", cache))
     if not stores[-1]["writable"]:
+        blocked = stores[-1]["not_a_directory"]
+        why = f": {blocked} is not a directory" if blocked else ""
         missing.append(
             {
-                "what": f"a writable user cache ({cache})",
+                "what": f"a writable user cache ({cache}{why})",
                 "fix": "set MONO_AOT_CACHE_DIR to a writable folder",
             }
         )
@@ -132,6 +132,8 @@ def doctor(as_json: bool, for_build: bool) -> None:
         for s in doc["stores"]:
             state = "writable" if s["writable"] else "read-only"
             exists = "" if s["exists"] else " (not created yet)"
+            if s["not_a_directory"]:
+                state, exists = "unusable", f" ({s['not_a_directory']} is not a directory)"
             click.echo(f"store   {s['layer']}: {s['root']}  {state}{exists}")
         for p in doc["packs"]:
             click.echo(f"pack    {p['name']} = {p['value']} ({p['dist']})")

@@ -44,3 +44,18 @@ def test_doctor_build_check_fails_when_the_explicit_linker_is_broken(tmp_path):
     assert r.returncode == 1
     assert "linker  missing" in r.stdout and "LLD 16" in r.stdout
     assert "missing ld.lld >= 19 (needed to build): install the build extra" in r.stdout
+
+
+def test_doctor_names_a_file_where_a_store_root_should_be(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("not a store")
+    r = doctor(MONO_AOT_PATH=f"{f}::", MONO_AOT_CACHE_DIR=str(f / "cache"))
+    assert r.returncode == 0, r.stderr
+    assert f"store   MONO_AOT_PATH: {f}  unusable ({f} is not a directory)" in r.stdout
+    assert f"store   user cache: {f / 'cache'}  unusable ({f} is not a directory)" in r.stdout
+    assert f"missing a writable user cache ({f / 'cache'}: {f} is not a directory)" in r.stdout
+    assert "not created yet" not in r.stdout  # empty MONO_AOT_PATH parts are no layers
+    doc = json.loads(
+        doctor("--json", MONO_AOT_PATH=str(f), MONO_AOT_CACHE_DIR=str(tmp_path)).stdout
+    )
+    assert doc["stores"][0]["not_a_directory"] == str(f) and not doc["stores"][0]["writable"]
