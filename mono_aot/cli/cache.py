@@ -204,11 +204,12 @@ def verify_cmd(ctx: click.Context, keys: tuple[str, ...], all_layers: bool, as_j
             }
         )
     else:
+        # message() is worded as a warning ("mono-aot: ..."); here it is a row of the report
         for p in report.skipped:
-            click.echo(f"skipped  {p.message()}")
+            click.echo(f"skipped  {p.message().removeprefix('mono-aot: ')}")
         for p in report.problems:
             label = "MISSING" if p.kind == MISSING else p.kind.upper()
-            click.echo(f"{label}  {p.message()}")
+            click.echo(f"{label}  {p.message().removeprefix('mono-aot: ')}")
         click.echo(
             f"{report.ok} verified, {len(report.problems)} problems"
             + (f", {len(report.skipped)} of another schema version" if report.skipped else "")

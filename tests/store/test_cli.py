@@ -234,3 +234,14 @@ def test_an_empty_store_path_is_bad_input_not_the_working_directory(tmp_path) ->
     for args in (("ls",), ("clear", "--yes")):
         r = run_cli("cache", "--store", "", *args, env={"MONO_AOT_CACHE_DIR": str(tmp_path)})
         assert r.returncode == 2 and "--store: empty path" in r.stderr, r.stderr
+
+
+def test_verify_rows_are_not_worded_as_warnings(filled) -> None:
+    root, store, pairs = filled
+    (e0, d0), _, _ = pairs
+    store.lookup(e0.key).blob_path.write_bytes(d0[:-1])
+    r = _cache(root, "verify", e0.key, rand_key())
+    assert r.returncode == 1
+    rows = r.stdout.splitlines()
+    assert any(x.startswith("BLOB-CORRUPT  store ") for x in rows), r.stdout
+    assert any(x.startswith("MISSING  ") for x in rows) and "mono-aot: " not in r.stdout
