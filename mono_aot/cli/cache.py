@@ -39,11 +39,11 @@ class SizeType(click.ParamType):
 
 
 def human(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
             return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    return f"{n:.1f} GiB"
+    return f"{n:.1f} TiB"
 
 
 def _store(ctx: click.Context) -> Store:

@@ -245,3 +245,13 @@ def test_verify_rows_are_not_worded_as_warnings(filled) -> None:
     rows = r.stdout.splitlines()
     assert any(x.startswith("BLOB-CORRUPT  store ") for x in rows), r.stdout
     assert any(x.startswith("MISSING  ") for x in rows) and "mono-aot: " not in r.stdout
+
+
+def test_gc_names_a_terabyte_size_in_tib(tmp_path) -> None:
+    from mono_aot.cli.cache import human
+
+    assert [human(n) for n in (0, 1536, 3 << 29, 3 << 39)] == [
+        "0 B", "1.5 KiB", "1.5 GiB", "1.5 TiB"
+    ]  # fmt: skip
+    r = _cache(tmp_path / "s", "gc", "--max-size", "1.5T", "--dry-run")
+    assert r.returncode == 0 and "(max 1.5 TiB)" in r.stdout, r.stdout
