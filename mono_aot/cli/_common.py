@@ -59,4 +59,10 @@ def run_main(group: click.Group, argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         click.echo("mono-aot: interrupted", err=True)
         return EXIT_INTERRUPTED
+    except OSError as e:
+        # an I/O failure nobody turned into a MonoError (e.g. a store directory the user
+        # cannot list): still one line naming the path, not a traceback
+        where = f"{e.filename}: " if e.filename else ""
+        click.echo(f"mono-aot: {where}{e.strerror or e}", err=True)
+        return EXIT_FAILED
     return 0

@@ -37,3 +37,22 @@ def test_a_usage_error_is_one_prefixed_line_and_exit_2(args, expect):
 def test_a_group_without_a_command_prints_its_help():
     r = run("cache")
     assert r.returncode == 2 and "Commands:" in r.stderr + r.stdout
+
+
+def test_an_unexpected_os_error_is_one_line_naming_the_path_and_exit_1(capsys):
+    # e.g. a store directory the user may not list (PermissionError from os.listdir)
+    import click
+
+    from mono_aot.cli._common import run_main
+
+    @click.group()
+    def g() -> None:
+        pass
+
+    @g.command()
+    def ls() -> None:
+        raise PermissionError(13, "Permission denied", "/some/store/v1/entries")
+
+    assert run_main(g, ["ls"]) == 1
+    err = capsys.readouterr().err
+    assert err == "mono-aot: /some/store/v1/entries: Permission denied\n"
