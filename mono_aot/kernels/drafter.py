@@ -163,8 +163,12 @@ def make_launcher(spec: KernelSpec) -> Any:
         xin = k.x
 
         def embed_add(t, i0):
-            row = xin + (fx.Int64(t) * H + fx.Int64(r0 + i0)) * 2
-            return [pointwise.load_bf16(row + j * 2) for j in range(8)]
+            # rows past the workgroup's count are ignored, but on an arch whose CTA count does
+            # not divide hidden the last workgroup's group reaches past hidden: clamp the row so
+            # the last token never reads past the end of x
+            row = xin + fx.Int64(t) * (H * 2)
+            cols = [fx.arith.min(r0 + i0 + j, fx.Int32(H - 1)) for j in range(8)]
+            return [pointwise.load_bf16(row + fx.Int64(c) * 2) for c in cols]
 
         pointwise.absorb(k, k.n, embed_add, True, k.tab_at(0, abi.T_W_IN), 0, tile)
 
