@@ -1,9 +1,33 @@
-"""Compile one kernel in a fresh subprocess and bring back its code object and metadata.
+"""Compile one kernel in a fresh subprocess and bring back its code object, metadata and ISA.
 
 ``compile_kernel`` is the library entry point the build command and the kernel authors use.
-It spawns ``python -m mono_aot.build.worker`` with a scrubbed environment (no inherited
-``FLYDSL_*``), the compile variables set before the interpreter starts, a private empty FlyDSL
-cache, and ``ROCM_PATH`` pointing at a folder whose ``llvm/bin/ld.lld`` runs the chosen linker.
+It spawns ``python -m mono_aot.build.worker`` in the output directory with an environment built
+from scratch (nothing inherited but the interpreter), a private empty FlyDSL cache, and
+``ROCM_PATH`` pointing at a folder whose ``llvm/bin/ld.lld`` runs the chosen linker.
+
+Why the bytes are reproducible (issue 6). FlyDSL's LLVM optimisation pipeline (O1 and up; O0 is
+stable) orders some work by pointer value, so the same MLIR gives different register assignments
+when the heap sits at different addresses: repeating ``gpu-module-to-binary`` on one parsed
+module inside one process gives several different code objects. No FlyDSL or LLVM option turns
+that off, so the build removes the variation from the process instead:
+
+* the worker disables address-space randomisation for itself (``personality(ADDR_NO_RANDOMIZE)``
+  and a re-exec, see ``mono_aot.build.worker``), so every mapping starts at the same address;
+* the worker's inputs are byte-identical for identical build inputs wherever the output
+  directory is: the same argv (``request.json``, relative), an environment made here from
+  constants (every path in it relative to the working directory), no ``sys.path`` entry for the
+  working directory (``-P``), and no bytecode cache (``PYTHONPYCACHEPREFIX`` names a directory
+  that never has any and ``PYTHONDONTWRITEBYTECODE``), so each module is compiled from source
+  the same way rather than from a ``.pyc`` one time and from source the next.
+
+A single-threaded process (FlyDSL turns MLIR threading off) with a fixed address-space layout
+and identical inputs makes the same allocations at the same addresses, so LLVM sees the same
+pointers and emits the same bytes. Where the kernel refuses ``ADDR_NO_RANDOMIZE`` (some
+container seccomp profiles) the worker still compiles, reports ``address_space: randomized``
+and warns on stderr: the blob is valid but not guaranteed reproducible.
+
+Every compile also runs FlyDSL's ISA dump (``FLYDSL_DEBUG_DUMP_ASM``), so one compile gives the
+code object (from the in-memory artifact) and the ISA text.
 """
 
 from __future__ import annotations
@@ -28,14 +52,22 @@ from mono_aot.toolchain import Linker, find_linker, prepare_rocm_dir
 DEFAULT_TIMEOUT_S = 1800.0  # a worker that runs longer is killed and its job fails
 STDERR_TAIL_LINES = 25
 
-# Environment variables dropped from the inherited environment: anything that steers FlyDSL,
-# the target or the ROCm install must come from the build, never from the caller's shell.
-_SCRUB_PREFIXES = ("FLYDSL_", "MLIR_", "LLVM_", "AMD_", "HIP_", "ROC", "HSA_")
-_SCRUB_NAMES = {"COMPILE_ONLY", "ARCH", "ROCM_PATH", "ROCM_HOME", "PYTHONPATH", "PYTHONHASHSEED"}
+# Paths in the worker's environment, relative to its working directory (the output directory),
+# so the environment does not depend on where that directory is.
+CACHE_DIR = "flydsl-cache"
+ROCM_DIR = "rocm"
+DUMP_DIR = "isa-dump"
+TMP_DIR = "tmp"
+NO_PYC_DIR = "no-pyc"  # never created: Python finds no bytecode and writes none
+REQUEST_FILE = "request.json"
 
 
 def compile_options(arch: str) -> dict[str, str]:
-    """The compile environment that can change the bytes (paths excluded: they cannot)."""
+    """The worker's environment apart from ``PYTHONPATH``: constants and relative paths only.
+
+    Everything here can change the bytes or the process layout, so all of it is in the build
+    inputs; nothing is inherited from the caller's shell.
+    """
     return {
         "COMPILE_ONLY": "1",
         "ARCH": arch,
@@ -43,8 +75,18 @@ def compile_options(arch: str) -> dict[str, str]:
         "FLYDSL_COMPILE_BACKEND": "rocm",
         "FLYDSL_COMPILE_OPT_LEVEL": "2",
         "FLYDSL_DEBUG_ENABLE_DEBUG_INFO": "0",
-        "FLYDSL_RUNTIME_ENABLE_CACHE": "1",
+        "FLYDSL_DEBUG_DUMP_ASM": "1",  # FlyDSL's per-fragment pipeline plus the ISA text
+        "FLYDSL_DUMP_DIR": DUMP_DIR,
+        "FLYDSL_RUNTIME_ENABLE_CACHE": "0",  # the artifact is taken from memory
+        "FLYDSL_RUNTIME_CACHE_DIR": CACHE_DIR,  # private, stays empty
+        "ROCM_PATH": ROCM_DIR,
+        "TMPDIR": TMP_DIR,  # the serializer's temporary link files
+        "HOME": ".",
+        "PATH": os.defpath,
+        "LC_ALL": "C",
         "PYTHONHASHSEED": "0",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONPYCACHEPREFIX": NO_PYC_DIR,
     }
 
 
@@ -53,8 +95,15 @@ def options_identity(arch: str) -> dict[str, Any]:
     return {
         "env": compile_options(arch),
         "worker_protocol": WORKER_PROTOCOL,
+        "worker_argv": _worker_argv()[1:],
+        "address_space": "fixed",  # the worker runs with ADDR_NO_RANDOMIZE (Linux)
         "device_libs": "none",  # ROCM_PATH holds only the linker: no ocml/ockl bitcode
     }
+
+
+def _worker_argv() -> list[str]:
+    # -P: no sys.path entry for the working directory (its absolute path would differ per build)
+    return [sys.executable, "-P", "-m", "mono_aot.build.worker", REQUEST_FILE]
 
 
 class CompileError(MonoError):
@@ -69,11 +118,16 @@ class CompileError(MonoError):
 @dataclass(frozen=True)
 class CompileResult:
     code_object: bytes
-    metadata: CodeObjectInfo | None  # None in isa mode
+    metadata: CodeObjectInfo
     stderr: str
     seconds: float
     worker: dict[str, Any] = field(default_factory=dict)  # result.json of the worker
-    isa: str | None = None
+    isa: str = ""  # FlyDSL's ISA dump of the same compile
+
+    @property
+    def reproducible(self) -> bool:
+        """Whether the worker ran with a fixed address-space layout (see the module doc)."""
+        return self.worker.get("address_space") == "fixed"
 
 
 def stderr_tail(text: str, lines: int = STDERR_TAIL_LINES) -> str:
@@ -81,19 +135,10 @@ def stderr_tail(text: str, lines: int = STDERR_TAIL_LINES) -> str:
     return "\n".join(kept[-lines:])
 
 
-def _child_env(arch: str, cache_dir: Path, rocm_dir: Path, dump_dir: Path | None) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in _SCRUB_NAMES and not k.startswith(_SCRUB_PREFIXES)
-    }
-    env.update(compile_options(arch))
-    env["FLYDSL_RUNTIME_CACHE_DIR"] = str(cache_dir)
-    env["ROCM_PATH"] = str(rocm_dir)
-    env["FLYDSL_DUMP_DIR"] = str(dump_dir or cache_dir.parent / "dump")
-    if dump_dir is not None:
-        env["FLYDSL_DEBUG_DUMP_ASM"] = "1"
-    # the worker must import this same mono_aot, wherever it is installed or checked out
+def _child_env(arch: str) -> dict[str, str]:
+    env = compile_options(arch)
+    # the worker must import this same mono_aot, wherever it is installed or checked out (the
+    # one absolute path: it is the same for every build with this install)
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
     return env
 
@@ -111,17 +156,20 @@ def compile_kernel(
 ) -> CompileResult:
     """Compile ``variant`` of ``provider`` for ``layout`` on ``arch`` in a subprocess.
 
-    ``out_dir`` (created, should be empty) receives the worker's files: the FlyDSL cache, the
-    request, ``code.hsaco``, ``result.json``, ``stderr.txt``. Raises ``CompileError`` with the tail
-    of the worker's stderr when the worker fails in any way.
+    ``out_dir`` (created, should be empty) receives the worker's files: the request,
+    ``code.hsaco``, ``isa.s``, ``result.json``, ``stderr.txt``, the ISA dump and an empty FlyDSL
+    cache. Raises ``CompileError`` with the tail of the worker's stderr when the worker fails in
+    any way. ``mode`` is kept for callers of the two-compile API: every compile now returns the
+    code object, its metadata and the ISA, whichever mode is named.
     """
+    if mode not in ("compile", "isa"):
+        raise ValueError(f"mode must be 'compile' or 'isa', not {mode!r}")
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     linker = linker or find_linker()
-    rocm = prepare_rocm_dir(linker, out / "rocm")
-    cache = out / "flydsl-cache"
-    cache.mkdir(exist_ok=True)
-    dump = out / "isa-dump" if mode == "isa" else None
+    prepare_rocm_dir(linker, out / ROCM_DIR)
+    (out / CACHE_DIR).mkdir(exist_ok=True)
+    (out / TMP_DIR).mkdir(exist_ok=True)
     request = {
         "protocol": WORKER_PROTOCOL,
         "module": provider.module,
@@ -129,20 +177,19 @@ def compile_kernel(
         "variant": variant,
         "layout": layout.model_dump(mode="json"),
         "arch": arch,
-        "out_dir": str(out),
-        "mode": mode,
+        "out_dir": ".",  # the worker's working directory; relative so the request is the same
     }
-    req_path = out / "request.json"
+    req_path = out / REQUEST_FILE
     req_path.write_text(json.dumps(request, indent=1, sort_keys=True))
     err_path = out / "stderr.txt"
     t0 = time.perf_counter()
     with open(err_path, "wb") as err, open(out / "stdout.txt", "wb") as so:
-        env = _child_env(arch, cache, rocm, dump)
+        env = _child_env(arch)
         with _LIVE_LOCK:  # spawn and register as one step, so an interrupt kills every worker
             if _STOPPING.is_set():
                 raise CompileError(f"{provider.module} {variant} for {arch}: the build was stopped")
             proc = subprocess.Popen(
-                [sys.executable, "-m", "mono_aot.build.worker", str(req_path)],
+                _worker_argv(),
                 stdin=subprocess.DEVNULL,
                 stdout=so,
                 stderr=err,
@@ -181,14 +228,12 @@ def compile_kernel(
             how = f"the compiler process exited with status {rc}"
         tail = stderr_tail(stderr, lines)
         raise CompileError(f"{what}: {how}" + (f"\n{tail}" if tail else ""), stderr, seconds)
-    if mode == "isa":
-        return CompileResult(b"", None, stderr, seconds, result, (out / ISA_FILE).read_text())
     code = (out / CODE_FILE).read_bytes()
     try:
         meta = parse_code_object(code)
     except CodeObjectError as e:
         raise CompileError(f"{what}: the code object is unreadable: {e}", stderr, seconds) from None
-    return CompileResult(code, meta, stderr, seconds, result)
+    return CompileResult(code, meta, stderr, seconds, result, (out / ISA_FILE).read_text())
 
 
 _LIVE: set[subprocess.Popen] = set()
@@ -226,5 +271,5 @@ def disassemble(
     provider: Provider, variant: str, layout: Layout, arch: str, out_dir: Path, **kw: Any
 ) -> str:
     """The ISA text FlyDSL prints for the kernel (``FLYDSL_DEBUG_DUMP_ASM``), for tests that
-    look at instructions. A separate compile: dumping bypasses FlyDSL's cache."""
-    return compile_kernel(provider, variant, layout, arch, out_dir, mode="isa", **kw).isa or ""
+    look at instructions. ``compile_kernel(...).isa`` has the same text with the code object."""
+    return compile_kernel(provider, variant, layout, arch, out_dir, **kw).isa

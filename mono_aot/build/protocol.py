@@ -1,6 +1,6 @@
 """What the build parent and its worker subprocess agree on (file names, protocol version)."""
 
-WORKER_PROTOCOL = 1
+WORKER_PROTOCOL = 2  # 2: fixed address space, canonical environment, ISA with every compile
 RESULT_FILE = "result.json"
 CODE_FILE = "code.hsaco"
 ISA_FILE = "isa.s"

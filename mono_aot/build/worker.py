@@ -1,14 +1,22 @@
 """The compile subprocess: one kernel, one fresh interpreter, one private FlyDSL cache.
 
-Run as ``python -m mono_aot.build.worker REQUEST.json`` by ``mono_aot.build.compile``, which
-sets the compile environment (``COMPILE_ONLY=1``, ``ARCH``, ``FLYDSL_GPU_ARCH``, a private empty
-``FLYDSL_RUNTIME_CACHE_DIR``, ``ROCM_PATH``) before this interpreter starts, so it is in place
-before FlyDSL is imported. An LLVM abort kills only this process; the parent reports it.
+Run as ``python -P -m mono_aot.build.worker request.json`` in the output directory by
+``mono_aot.build.compile``, which builds the whole environment (``COMPILE_ONLY=1``, ``ARCH``,
+``FLYDSL_GPU_ARCH``, ``FLYDSL_DEBUG_DUMP_ASM=1``, a private empty ``FLYDSL_RUNTIME_CACHE_DIR``,
+``ROCM_PATH``, all paths relative) before this interpreter starts, so it is in place before
+FlyDSL is imported. An LLVM abort kills only this process; the parent reports it.
+
+First thing, on Linux, the worker turns off address-space randomisation for itself: it sets
+``ADDR_NO_RANDOMIZE`` in its personality and re-executes itself with the same argv and
+environment (the flag takes effect at ``execve``). LLVM's optimiser orders some work by pointer
+value; with a fixed layout and identical inputs (see ``mono_aot.build.compile``) the pointers,
+and so the bytes, are the same in every build. If the kernel refuses the flag the compile goes
+on, ``result.json`` says ``address_space: randomized`` and stderr has a warning.
 
 The request names a provider module (``KERNEL_NAMES``, ``launcher_for``, ``trace_args``), the
-variant, the layout (its model dump), the arch, an output directory and a mode:
-``compile`` writes ``code.hsaco`` (the code object from FlyDSL's cache entry) and ``result.json``;
-``isa`` compiles with FlyDSL's ISA dump on and writes ``isa.s`` instead.
+variant, the layout (its model dump), the arch and the output directory. The worker writes
+``code.hsaco`` (the code object of the in-memory artifact of that one compile), ``isa.s`` (FlyDSL's
+ISA dump of the same compile) and ``result.json``.
 """
 
 from __future__ import annotations
@@ -29,6 +37,45 @@ from mono_aot.build.protocol import (
     WORKER_PROTOCOL,
 )
 
+ADDR_NO_RANDOMIZE = 0x0040000  # linux/personality.h
+_QUERY_PERSONALITY = 0xFFFFFFFF
+FIXED_MARK = "--address-space-fixed"  # argv of the re-executed worker (the same for every build)
+
+
+def _personality() -> tuple[object, int]:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.personality.argtypes = [ctypes.c_ulong]
+    libc.personality.restype = ctypes.c_int
+    return libc, libc.personality(_QUERY_PERSONALITY)
+
+
+def fix_address_space(argv: list[str]) -> str:
+    """Re-exec this process with address-space randomisation off; return how it runs.
+
+    ``fixed``: ``ADDR_NO_RANDOMIZE`` is in effect. ``randomized: why``: it could not be set; the
+    caller warns. Returns only when no re-exec happens.
+    """
+    if not sys.platform.startswith("linux"):
+        return "randomized: not Linux"
+    try:
+        libc, cur = _personality()
+    except (OSError, AttributeError) as e:
+        return f"randomized: no personality() ({e})"
+    if cur != -1 and cur & ADDR_NO_RANDOMIZE:
+        return "fixed"
+    if FIXED_MARK in argv:  # re-executed, yet the flag did not stick: never loop
+        return "randomized: the flag was set but is not in effect"
+    if cur == -1 or libc.personality(cur | ADDR_NO_RANDOMIZE) == -1:  # type: ignore[attr-defined]
+        import ctypes
+
+        return f"randomized: personality(ADDR_NO_RANDOMIZE) refused ({os.strerror(ctypes.get_errno())})"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:], FIXED_MARK])
+    raise AssertionError("unreachable")  # pragma: no cover
+
 
 class WorkerFailure(Exception):
     """A failure the worker describes in result.json (the parent turns it into a job failure)."""
@@ -47,6 +94,8 @@ def _check_environment(arch: str) -> None:
     for k, v in want.items():
         if os.environ.get(k) != v:
             raise WorkerFailure(f"environment {k}={os.environ.get(k)!r}, expected {v!r}")
+    if os.environ.get("FLYDSL_DEBUG_DUMP_ASM") != "1" or not os.environ.get("FLYDSL_DUMP_DIR"):
+        raise WorkerFailure("FLYDSL_DEBUG_DUMP_ASM=1 and FLYDSL_DUMP_DIR must be set (the ISA)")
     cache = os.environ.get("FLYDSL_RUNTIME_CACHE_DIR", "")
     if not cache or (Path(cache).exists() and any(Path(cache).iterdir())):
         raise WorkerFailure(
@@ -96,17 +145,23 @@ def _trace(req: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     return launcher, info
 
 
-def _extract(out: Path, info: dict[str, Any], arch: str) -> None:
-    from mono_aot.build.extract import artifact_ir_text, gpu_objects, launches, read_artifact_state
-
-    cache = Path(os.environ["FLYDSL_RUNTIME_CACHE_DIR"])
-    pickles = sorted(cache.rglob("*.pkl"))
-    if len(pickles) != 1:
+def _artifact_state(launcher: Any) -> dict[str, Any]:
+    """The state FlyDSL would pickle for the launcher's one compile (``_last_compiled``: the
+    in-memory artifact; FlyDSL writes no cache entry when it dumps)."""
+    last = getattr(launcher, "_last_compiled", None)
+    if not (isinstance(last, tuple) and len(last) == 2) or not hasattr(last[1], "__getstate__"):
         raise WorkerFailure(
-            f"expected one FlyDSL cache entry after the compile, found {len(pickles)}"
-            + (f": {', '.join(p.name for p in pickles)}" if pickles else "")
+            "the launcher has no compiled artifact (_last_compiled): is it a @flyc.jit function?"
         )
-    state = read_artifact_state(pickles[0])
+    state = last[1].__getstate__()
+    if not isinstance(state, dict):
+        raise WorkerFailure("the compiled artifact's state is not a dict")
+    return state
+
+
+def _extract(out: Path, info: dict[str, Any], arch: str, state: dict[str, Any]) -> None:
+    from mono_aot.build.extract import artifact_ir_text, gpu_objects, launches
+
     for field in ("processor_refs", "link_libs"):
         if state.get(field):
             raise WorkerFailure(
@@ -143,28 +198,36 @@ def _isa(out: Path) -> None:
     found = sorted(dump.rglob("*.s"))
     if not found:
         raise WorkerFailure("FlyDSL wrote no ISA dump (*.s) under FLYDSL_DUMP_DIR")
-    (out / ISA_FILE).write_text("\n".join(p.read_text(errors="replace") for p in found))
+    tmp = out / (ISA_FILE + ".tmp")
+    tmp.write_text("\n".join(p.read_text(errors="replace") for p in found))
+    os.replace(tmp, out / ISA_FILE)
 
 
-def run(request_path: Path) -> int:
+def run(request_path: Path, address_space: str = "fixed") -> int:
     req = json.loads(Path(request_path).read_text())
     out = Path(req["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"protocol": WORKER_PROTOCOL, "ok": False}
+    result["address_space"] = "fixed" if address_space == "fixed" else "randomized"
+    if address_space != "fixed":
+        result["address_space_reason"] = address_space.split(": ", 1)[-1]
+        print(
+            f"warning: address-space randomisation is on ({result['address_space_reason']}): "
+            "this code object is valid but not guaranteed byte-reproducible",
+            file=sys.stderr,
+        )
     try:
         if req.get("protocol") != WORKER_PROTOCOL:
             raise WorkerFailure(
                 f"request protocol {req.get('protocol')!r}, worker speaks {WORKER_PROTOCOL}"
             )
         _check_environment(req["arch"])
-        _, info = _trace(req)
+        launcher, info = _trace(req)
         import flydsl
 
         info["flydsl_version"] = flydsl.__version__
-        if req.get("mode", "compile") == "isa":
-            _isa(out)
-        else:
-            _extract(out, info, req["arch"])
+        _extract(out, info, req["arch"], _artifact_state(launcher))
+        _isa(out)
         result.update(info, ok=True)
         _write_json(out / RESULT_FILE, result)
         return 0
@@ -178,10 +241,12 @@ def run(request_path: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
+    how = fix_address_space(argv)  # re-execs (does not return) the first time on Linux
+    args = [a for a in argv if a != FIXED_MARK]
+    if len(args) != 1:
         print("usage: python -m mono_aot.build.worker REQUEST.json", file=sys.stderr)
         return 2
-    return run(Path(argv[0]))
+    return run(Path(args[0]), how)
 
 
 if __name__ == "__main__":
