@@ -314,13 +314,15 @@ def test_interrupting_a_build_stops_its_workers(tmp_path):
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def workers() -> list[int]:
+        """Worker processes of this build: they run in an output directory under ``tmp``."""
         pids = []
         for d in Path("/proc").iterdir():
             try:
                 cmdline = (d / "cmdline").read_bytes()
+                cwd = Path(os.readlink(d / "cwd"))
             except OSError:
                 continue
-            if b"mono_aot.build.worker" in cmdline and str(tmp).encode() in cmdline:
+            if b"mono_aot.build.worker" in cmdline and tmp.resolve() in cwd.parents:
                 pids.append(int(d.name))
         return pids
 
