@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -167,6 +168,13 @@ def build(
         elif not as_json:
             click.echo(res.line())
 
+    def on_sigterm(signum, frame) -> None:
+        # like Ctrl-C: run_jobs stops every worker (they run in their own sessions, so a
+        # SIGTERM to this process alone would leave them compiling as orphans)
+        click.echo("mono-aot: terminated", err=True)
+        raise SystemExit(128 + signal.SIGTERM)
+
+    old_term = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         results = run_jobs(
             jobs,
@@ -179,6 +187,7 @@ def build(
             on_result=on_result,
         )
     finally:
+        signal.signal(signal.SIGTERM, old_term)
         if bar is not None:
             bar.__exit__(None, None, None)
 
