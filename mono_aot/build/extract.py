@@ -1,4 +1,8 @@
-"""Get the GPU binary out of FlyDSL's disk cache without running anything from it.
+"""Get the GPU binary out of a FlyDSL artifact's state without running anything from it.
+
+The build worker takes the state from the in-memory artifact of its one compile
+(``CompiledArtifact.__getstate__``: the same dict FlyDSL pickles); ``read_artifact_state`` reads
+it from a disk cache entry instead.
 
 FlyDSL's cache entry is a pickle of ``flydsl.compiler.jit_executor.CompiledArtifact``. Loading a
 pickle normally runs code (that class's ``__setstate__`` imports the modules named in
