@@ -14,6 +14,7 @@ from dataclasses import dataclass
 class ArchInfo:
     name: str
     products: tuple[str, ...]
+    max_cus: int  # CUs of the largest product: no more workgroups than that can be co-resident
     e_flags: int  # ELF e_flags of FlyDSL's code objects (xnack/sramecc "any")
     fp8_format: str  # what v_cvt_pk_f32_fp8 reads on this arch
     fp8_max: float
@@ -38,6 +39,7 @@ ARCHS: dict[str, ArchInfo] = {
     "gfx942": ArchInfo(
         name="gfx942",
         products=("MI300X", "MI325X"),
+        max_cus=304,
         e_flags=0x54C,
         fp8_format="e4m3fnuz",
         fp8_max=240.0,
@@ -51,6 +53,7 @@ ARCHS: dict[str, ArchInfo] = {
     "gfx950": ArchInfo(
         name="gfx950",
         products=("MI350X", "MI355X"),
+        max_cus=256,
         e_flags=0x54F,
         fp8_format="e4m3fn",
         fp8_max=448.0,

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from mono_aot.arch import SUPPORTED_ARCHS
+from mono_aot.arch import ARCHS, SUPPORTED_ARCHS
 from mono_aot.errors import LayoutError
 
 LAYOUT_SCHEMA_VERSION = 1
@@ -280,6 +280,13 @@ def _rule_problems(lay: Layout) -> Iterable[tuple[str, str]]:
                     f"unknown arch; supported: {', '.join(SUPPORTED_ARCHS)} "
                     "(a new one is added in mono_aot/arch.py)"
                 ),
+            )
+        elif lay.targets[arch].ctas > ARCHS[arch].max_cus:
+            info = ARCHS[arch]
+            yield (
+                f"targets.{arch}.ctas",
+                f"{lay.targets[arch].ctas} workgroups cannot all be co-resident: {arch} has at "
+                f"most {info.max_cus} CUs ({', '.join(info.products)})",
             )
 
 

@@ -113,6 +113,8 @@ RULES = [
     ("model.hidden", 0, "model.hidden", "greater than 0"),
     ("model.layers", -1, "model.layers", "greater than 0"),
     ("targets.gfx942.ctas", 0, "targets.gfx942.ctas", "greater than 0"),
+    ("targets.gfx942.ctas", 305, "targets.gfx942.ctas", "at most 304 CUs"),
+    ("targets.gfx950.ctas", 2**40, "targets.gfx950.ctas", "at most 256 CUs"),
     ("model.heads", 66, "model.heads", "divide evenly over tp=4"),
     ("model.kv_heads", 6, "model.kv_heads", "divide evenly over tp=4"),
     ("model.heads", 68, "model.heads", "multiple of kv_heads=8"),
