@@ -67,7 +67,7 @@ def _store(root: str | None):
     "variants",
     multiple=True,
     type=click.Choice(VARIANTS),
-    help="Kernel variant (repeatable; default: both).",
+    help="Kernel variant (repeatable; default: the layout's own, no narrow when wide_base = 1).",
 )
 @click.option(
     "-j",
