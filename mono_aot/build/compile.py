@@ -226,7 +226,7 @@ def compile_kernel(
             how, lines = result["error"], 6  # the message says it; the tail shows where
         else:
             how = f"the compiler process exited with status {rc}"
-        tail = stderr_tail(stderr, lines)
+        tail = "" if result.get("error_is_finding") else stderr_tail(stderr, lines)
         raise CompileError(f"{what}: {how}" + (f"\n{tail}" if tail else ""), stderr, seconds)
     code = (out / CODE_FILE).read_bytes()
     try:

@@ -232,10 +232,15 @@ def run(request_path: Path, address_space: str = "fixed") -> int:
         _write_json(out / RESULT_FILE, result)
         return 0
     except Exception as e:  # noqa: BLE001 - every failure becomes the job's report
-        result["error"] = f"{type(e).__name__}: {e}" if not isinstance(e, WorkerFailure) else str(e)
-        result["traceback"] = traceback.format_exc(limit=20)
+        if isinstance(e, WorkerFailure):
+            # the worker's own finding: the message is the whole story, no traceback
+            result["error"], result["error_is_finding"] = str(e), True
+            print(f"mono-aot worker: {e}", file=sys.stderr)
+        else:
+            result["error"] = f"{type(e).__name__}: {e}"
+            result["traceback"] = traceback.format_exc(limit=20)
+            print(result["traceback"], file=sys.stderr)
         _write_json(out / RESULT_FILE, result)
-        print(result["traceback"], file=sys.stderr)
         return EXIT_PYTHON_ERROR
 
 

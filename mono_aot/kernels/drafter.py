@@ -65,6 +65,11 @@ class Projections:
 def projections(layout: Layout, arch: str, variant: Variant, gemm: str) -> Projections:
     if gemm not in GEMMS:
         raise BadInput(f"unknown GEMV phase {gemm!r}; expected one of {', '.join(GEMMS)}")
+    if gemm == "mfma":
+        from mono_aot.kernels import mfma
+
+        # the arch's full-rate MFMA and only the token-tile versions the variant can reach
+        return Projections(**mfma.plans_for(layout, arch, variant), run=mfma.mfma_gemm, name="mfma")
     h = layout.model.hidden
     common = {
         "ctas": layout.ctas(arch),
@@ -77,11 +82,6 @@ def projections(layout: Layout, arch: str, variant: Variant, gemm: str) -> Proje
         "gu": (layout.gu_rows_per_rank, h, True),
         "down": (h, layout.mlp_per_rank, False),
     }
-    if gemm == "mfma":
-        from mono_aot.kernels import mfma
-
-        plans = {k: mfma.GemmPlan(r, c, pairs=p, **common) for k, (r, c, p) in shapes.items()}
-        return Projections(**plans, run=mfma.mfma_gemm, name="mfma")
     plans = {k: gemv.GemvPlan(r, c, pairs=p, **common) for k, (r, c, p) in shapes.items()}
     return Projections(**plans, run=gemv.gemv_rows, name="valu")
 
