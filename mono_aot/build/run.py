@@ -129,6 +129,7 @@ def make_entry(
             linker_version=toolchain.linker.version,
             built_at=datetime.now(UTC).isoformat(timespec="seconds"),
             build_seconds=round(res.seconds, 3),
+            address_space="fixed" if res.reproducible else "randomized",
         ),
     )
 

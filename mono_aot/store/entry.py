@@ -66,6 +66,10 @@ class Provenance(_Doc):
     linker_version: str
     built_at: str  # ISO 8601, UTC
     build_seconds: float = Field(ge=0)
+    # how the compile worker really ran: "fixed" (no address-space randomisation, the bytes are
+    # reproducible) or "randomized" (the kernel refused the personality flag: valid bytes that
+    # another build may not reproduce)
+    address_space: Literal["fixed", "randomized"] = "fixed"
 
 
 class Entry(_Doc):

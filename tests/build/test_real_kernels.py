@@ -87,6 +87,7 @@ def test_real_kernels_build_reproducibly(real_store, second_stores, arch, varian
     eb = {e["key"]: e for e in entry_docs(root).values()}[r["key"]]
     assert eb["symbol"].endswith("_0")
     assert eb["build_inputs"]["options"]["address_space"] == "fixed"
+    assert eb["provenance"]["address_space"] == "fixed"  # how the worker really ran
     assert without_timestamps(ea[r["key"]]) == without_timestamps(eb)
     sha = eb["blob"]["sha256"]
     assert r["blob_sha256"] == sha
