@@ -158,11 +158,6 @@ def _plan(items: list[tuple[str, int]]) -> BufferPlan:
 ATTN_PARTITION = 256
 
 
-def attn_splits(layout: Layout, max_context: int = 1 << 17) -> int:
-    """Context partitions per (token, head) the combine step merges."""
-    return -(-max_context // ATTN_PARTITION)
-
-
 def attn_partial_slots(layout: Layout, variant: Variant) -> int:
     """Partial-result slots the attention split needs (mono_aot.kernels.attention).
 

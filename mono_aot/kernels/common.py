@@ -102,6 +102,27 @@ def fp8x4_to_f32x2(word: Any) -> tuple[Any, Any]:
     return lo, hi
 
 
+class ProjectionRows:
+    """How a projection plan's output rows split over workgroups (GemvPlan and GemmPlan share it).
+
+    Needs the plan's ``rows``, ``pairs``, ``ctas`` and ``threads`` fields.
+    """
+
+    @property
+    def waves(self) -> int:
+        return self.threads // WAVE
+
+    @property
+    def seg_rows(self) -> int:
+        """Rows split across workgroups: all rows, or the rows of one half of a pair matrix."""
+        return self.rows // 2 if self.pairs else self.rows
+
+    @property
+    def rows_per_cta(self) -> int:
+        """Most rows (or row pairs) one workgroup owns."""
+        return -(-self.seg_rows // self.ctas)
+
+
 @dataclass(frozen=True)
 class RowSplit:
     """Output rows of one phase split across workgroups: workgroup ``c`` owns rows

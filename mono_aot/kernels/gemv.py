@@ -32,7 +32,7 @@ import flydsl.expr as fx
 from flydsl.expr import const_expr, range_constexpr, rocdl
 from flydsl.expr.typing import T
 
-from mono_aot.kernels.common import bf16_hi, bf16_lo, fp8x4_to_f32, gptr
+from mono_aot.kernels.common import ProjectionRows, bf16_hi, bf16_lo, fp8x4_to_f32, gptr
 
 WAVE = 64
 LANE_K = 16  # K positions (bytes of fp8) one lane covers per tile: one 16-byte load
@@ -42,7 +42,7 @@ SUB = 8  # tokens per guarded block inside a group (the request size of the runn
 
 
 @dataclass(frozen=True)
-class GemvPlan:
+class GemvPlan(ProjectionRows):
     """Compile-time shape of one VALU GEMV (field names as ``mfma.GemmPlan``)."""
 
     rows: int
@@ -75,18 +75,6 @@ class GemvPlan:
             problems.append("the staging tile must be a whole number of 16-byte vectors per thread")
         if problems:
             raise ValueError(f"GemvPlan({self.rows}x{self.cols}): " + "; ".join(problems))
-
-    @property
-    def waves(self) -> int:
-        return self.threads // WAVE
-
-    @property
-    def seg_rows(self) -> int:
-        return self.rows // 2 if self.pairs else self.rows
-
-    @property
-    def rows_per_cta(self) -> int:
-        return -(-self.seg_rows // self.ctas)
 
     @property
     def per_wave(self) -> int:

@@ -40,6 +40,7 @@ import flydsl.expr as fx
 from flydsl.expr import const_expr, range_constexpr, rocdl
 from flydsl.expr.typing import T
 
+from mono_aot.kernels.common import ProjectionRows
 from mono_aot.layouts import Layout, Variant
 
 WAVE = 64
@@ -57,7 +58,7 @@ PROJECTIONS: tuple[str, ...] = ("qkv", "o", "gu", "down")
 
 
 @dataclass(frozen=True)
-class GemmPlan:
+class GemmPlan(ProjectionRows):
     """Compile-time shape of one GEMM phase (every field is a Python int or bool).
 
     ``rows`` x ``cols`` is the stored fp8 matrix of one layer (row-major, one fp32 scale per row).
@@ -109,20 +110,6 @@ class GemmPlan:
             )
 
     # ---- derived (the only place they are computed) ----
-
-    @property
-    def waves(self) -> int:
-        return self.threads // WAVE
-
-    @property
-    def seg_rows(self) -> int:
-        """Rows split across workgroups: all rows, or the rows of one half of a pair matrix."""
-        return self.rows // 2 if self.pairs else self.rows
-
-    @property
-    def rows_per_cta(self) -> int:
-        """Most rows (or row pairs) one workgroup owns."""
-        return -(-self.seg_rows // self.ctas)
 
     @property
     def seg_tiles(self) -> int:
