@@ -17,14 +17,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from mono_aot.layouts import Layout
+from mono_aot.spec.layouts import Layout
 
 KEY_SCHEMA_VERSION = 1
 BUILD_SCHEMA_VERSION = 1
 
 REAL_PROVIDER = "mono_aot.kernels"
 # Project modules every kernel compiles against, besides its own package.
-CONTRACT_MODULES: tuple[str, ...] = ("mono_aot/abi.py", "mono_aot/arch.py", "mono_aot/layouts.py")
+CONTRACT_MODULES: tuple[str, ...] = ("mono_aot/spec/abi.py", "mono_aot/spec/arch.py", "mono_aot/spec/layouts.py")
 
 _PACKAGE_DIR = Path(__file__).resolve().parent  # .../mono_aot
 _PROJECT_ROOT = _PACKAGE_DIR.parent  # relative source paths are taken from here
@@ -54,7 +54,7 @@ class Provider:
     module: str
     sources: tuple[tuple[str, Path], ...]
     search_path: Path | None = None
-    uses_abi_contract: bool = True  # kernargs must equal mono_aot.abi.kernarg_layout
+    uses_abi_contract: bool = True  # kernargs must equal mono_aot.spec.abi.kernarg_layout
 
     def source_digest(self) -> str:
         return source_digest(self.sources)
@@ -113,7 +113,7 @@ def _imported_project_files(path: Path) -> set[Path]:
             for alias in node.names:
                 sub = _module_file(f"{mod}.{alias.name}")
                 if sub is not None:
-                    found.add(sub)  # from mono_aot import abi: the submodule
+                    found.add(sub)  # from mono_aot.spec import abi: the submodule
                     continue
                 f = _module_file(mod)
                 if f is not None and (mod != "mono_aot" or alias.name != "*"):

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from mono_aot.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, MonoError
+from mono_aot.spec.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, MonoError
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import click
 
 from mono_aot.cli._common import emit_json, json_option
-from mono_aot.errors import BadInput, MonoError
-from mono_aot.layouts import VARIANTS
+from mono_aot.spec.errors import BadInput, MonoError
+from mono_aot.spec.layouts import VARIANTS
 
 
 def _provider(spec: str | None):
@@ -109,9 +109,9 @@ def build(
 
     Exit status: 0 when every job is a hit or was built, 1 when any failed, 2 for bad input.
     """
-    from mono_aot.build.compile import DEFAULT_TIMEOUT_S
-    from mono_aot.build.plan import current_toolchain, plan_jobs, select_layouts, stale_reason
-    from mono_aot.build.run import FAILED, run_jobs
+    from mono_aot.compiler.compile import DEFAULT_TIMEOUT_S
+    from mono_aot.compiler.plan import current_toolchain, plan_jobs, select_layouts, stale_reason
+    from mono_aot.compiler.run import FAILED, run_jobs
 
     store = _store(store_dir)
     lays = select_layouts(layouts)

@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from mono_aot.cli._common import emit_json, json_option
-from mono_aot.errors import BadInput, MonoError
+from mono_aot.spec.errors import BadInput, MonoError
 from mono_aot.store import Store
 from mono_aot.store.layer import MISSING
 

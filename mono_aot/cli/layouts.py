@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from mono_aot.cli._common import emit_json, json_option
-from mono_aot.errors import LayoutError
-from mono_aot.layouts import (
+from mono_aot.spec.errors import LayoutError
+from mono_aot.spec.layouts import (
     Layout,
     json_schema,
     load_layout,

@@ -10,9 +10,9 @@ from __future__ import annotations
 import click
 
 from mono_aot.cli._common import emit_json, json_option
-from mono_aot.errors import EXIT_FAILED, EXIT_OK, BadInput
-from mono_aot.kernels.selftest import CHECKS, DEFAULT_REPLAYS, EXIT_NO_DEVICE, run_selftest
-from mono_aot.layouts import resolve_layout, shipped_layout_paths
+from mono_aot.spec.errors import EXIT_FAILED, EXIT_OK, BadInput
+from mono_aot.selftest import CHECKS, DEFAULT_REPLAYS, EXIT_NO_DEVICE, run_selftest
+from mono_aot.spec.layouts import resolve_layout, shipped_layout_paths
 
 
 def _default_layout() -> str:

@@ -2,7 +2,7 @@
 
 Importing this package imports nothing heavy; FlyDSL is imported when a launcher is built
 (``launcher_for``, ``build_drafter``, ``build_wide``), which must happen in a process whose
-compile environment was set before FlyDSL's import (see ``mono_aot.build``).
+compile environment was set before FlyDSL's import (see ``mono_aot.compiler``).
 
 Provider protocol: ``KERNEL_NAMES`` (variant -> kernel function name; the code object symbol
 is the name plus ``_0``), ``launcher_for(variant, layout, arch)`` and ``trace_args(variant,
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from mono_aot import abi
-from mono_aot.errors import BadInput
-from mono_aot.layouts import Layout
+from mono_aot.spec import abi
+from mono_aot.spec.errors import BadInput
+from mono_aot.spec.layouts import Layout
 
 KERNEL_NAMES: dict[str, str] = {"narrow": "mono_drafter_narrow", "wide": "mono_drafter_wide"}
 

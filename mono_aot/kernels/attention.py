@@ -45,10 +45,10 @@ from flydsl._mlir.dialects import llvm
 from flydsl.expr import range_constexpr, rocdl
 from flydsl.expr.typing import T
 
-from mono_aot import abi
-from mono_aot.arch import arch_info
-from mono_aot.errors import MonoUnsupported
-from mono_aot.layouts import Layout, Variant, align_up
+from mono_aot.spec import abi
+from mono_aot.spec.arch import arch_info
+from mono_aot.spec.errors import MonoUnsupported
+from mono_aot.spec.layouts import Layout, Variant, align_up
 
 WAVE = 64
 MFMA_N = 16  # rows / cols of one v_mfma_f32_16x16x16_bf16 tile

@@ -16,9 +16,9 @@ import flydsl.expr as fx
 from flydsl._mlir.dialects import llvm
 from flydsl.expr.typing import T
 
-from mono_aot import abi
-from mono_aot.arch import arch_info
-from mono_aot.layouts import Layout
+from mono_aot.spec import abi
+from mono_aot.spec.arch import arch_info
+from mono_aot.spec.layouts import Layout
 
 GLOBAL = fx.AddressSpace.Global
 SHARED = fx.AddressSpace.Shared

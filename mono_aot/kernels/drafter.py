@@ -31,11 +31,11 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.expr import const_expr
 
-from mono_aot import abi
-from mono_aot.errors import BadInput, MonoUnsupported
+from mono_aot.spec import abi
+from mono_aot.spec.errors import BadInput, MonoUnsupported
 from mono_aot.kernels import KERNEL_NAMES, allreduce, attention, gemv, pointwise, sync
 from mono_aot.kernels.common import TABLE_WORDS, KernelCtx, gptr, publish
-from mono_aot.layouts import Layout, Variant
+from mono_aot.spec.layouts import Layout, Variant
 
 SUPPORTED_TP = 4  # the kernel signature spells out pe0..pe3 (the user's runner is TP 4)
 GEMMS = ("valu", "mfma")

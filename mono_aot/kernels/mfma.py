@@ -41,7 +41,7 @@ from flydsl.expr import const_expr, range_constexpr, rocdl
 from flydsl.expr.typing import T
 
 from mono_aot.kernels.common import ProjectionRows
-from mono_aot.layouts import Layout, Variant
+from mono_aot.spec.layouts import Layout, Variant
 
 WAVE = 64
 TILE = 16  # rows (A) and tokens (B) of one v_mfma_f32_16x16x16_bf16 tile

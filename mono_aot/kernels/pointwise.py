@@ -25,7 +25,7 @@ from flydsl._mlir.dialects import llvm
 from flydsl.expr import const_expr, range_constexpr
 from flydsl.expr.typing import T
 
-from mono_aot import abi
+from mono_aot.spec import abi
 from mono_aot.kernels.common import AGENT, KernelCtx, gptr
 
 LOG2E = 1.4426950408889634

@@ -2,7 +2,7 @@
 the sharded reference.
 
 No tensor parallelism, no paging, no packed layouts, no fp8: full ``[out, in]`` weight matrices
-(``mono_aot.weights.LayerWeights``), grouped-query attention with ``repeat_interleave``,
+(``mono_aot.reference.weights.LayerWeights``), grouped-query attention with ``repeat_interleave``,
 rotate-half RoPE, everything float64. Each request is given its context K/V as dense tensors.
 
 Comparing it with ``mono_aot.reference.step`` to 1e-10 is meaningful because the reference
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mono_aot.layouts import Layout
-from mono_aot.weights import LayerWeights
+from mono_aot.spec.layouts import Layout
+from mono_aot.reference.weights import LayerWeights
 
 KVTransform = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 

@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mono_aot.errors import BadInput
-from mono_aot.fp8 import FP8Format, decode, encode, quantize_dequantize, resolve_format
-from mono_aot.kvcache import encode_kv, fp32_scale
-from mono_aot.layouts import Layout
+from mono_aot.spec.errors import BadInput
+from mono_aot.reference.fp8 import FP8Format, decode, encode, quantize_dequantize, resolve_format
+from mono_aot.reference.kvcache import encode_kv, fp32_scale
+from mono_aot.spec.layouts import Layout
 from mono_aot.reference.dense import DenseConfig, DenseDrafter, DenseRequest, KVTransform
 from mono_aot.reference.step import StepInputs
-from mono_aot.weights import LayerWeights, RankWeights, pack_model
+from mono_aot.reference.weights import LayerWeights, RankWeights, pack_model
 
 _ROW_CHUNK_ELEMS = 1 << 22
 

@@ -42,7 +42,7 @@ Rounding (``numerics``):
   ``decode(encode(k / k_scale)) * k_scale``. The inputs ``x`` (bf16), norm weights (bf16) and
   ``cos_sin`` (bf16) are used exactly as given. The dense model is compared with this mode to
   1e-10.
-- ``"kernel"``: the kernels' storage points, as ``mono_aot.abi`` lays them out (DESIGN.md:
+- ``"kernel"``: the kernels' storage points, as ``mono_aot.spec.abi`` lays them out (DESIGN.md:
   fp32 math, bf16 storage of activations). Arithmetic between two storage points is float64
   (more accurate than any fp32 summation order, so it is the value every correct kernel
   approximates) and each stored value is rounded to its storage dtype:
@@ -91,11 +91,11 @@ from typing import Literal
 
 import torch
 
-from mono_aot.errors import BadInput
-from mono_aot.fp8 import FP8Format, boundary_distance, code_distance, decode, encode, resolve_format
-from mono_aot.kvcache import check_cache, check_slots, fp32_scale, gather_codes
-from mono_aot.layouts import Layout
-from mono_aot.weights import RankWeights, check_rank_weights
+from mono_aot.spec.errors import BadInput
+from mono_aot.reference.fp8 import FP8Format, boundary_distance, code_distance, decode, encode, resolve_format
+from mono_aot.reference.kvcache import check_cache, check_slots, fp32_scale, gather_codes
+from mono_aot.spec.layouts import Layout
+from mono_aot.reference.weights import RankWeights, check_rank_weights
 
 Numerics = Literal["float64", "kernel"]
 NUMERICS: tuple[str, ...] = ("float64", "kernel")

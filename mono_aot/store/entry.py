@@ -32,7 +32,7 @@ class Launch(_Doc):
 
 
 class KernargSlot(_Doc):
-    name: str  # from the kernel contract (mono_aot.abi)
+    name: str  # from the kernel contract (mono_aot.spec.abi)
     offset: int = Field(ge=0)
     size: int = Field(gt=0)
     value_kind: str  # from the code object's metadata: by_value, global_buffer, ...

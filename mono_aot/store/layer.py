@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from mono_aot.errors import BadInput, MonoError
+from mono_aot.spec.errors import BadInput, MonoError
 from mono_aot.store._fs import atomic_write, makedirs, read_file
 from mono_aot.store.entry import Entry, EntryCorrupt, EntryUnknownSchema, decode_entry, encode_entry
 from mono_aot.store.lock import store_lock

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
-from mono_aot.errors import MonoError
+from mono_aot.spec.errors import MonoError
 from mono_aot.store._fs import makedirs
 
 log = logging.getLogger("mono_aot.store")

@@ -1,7 +1,7 @@
 """Read-only pack stores installed as Python distributions.
 
 Contract for a pack (the pack issue builds them): a distribution declares an entry point in the
-group ``mono_aot.packs`` (``mono_aot.paths.PACK_ENTRY_POINT_GROUP``)::
+group ``mono_aot.packs`` (``mono_aot.store.paths.PACK_ENTRY_POINT_GROUP``)::
 
     [project.entry-points."mono_aot.packs"]
     gfx942 = "mono_aot_pack_gfx942:STORE_ROOT"     # a pathlib.Path, str or os.PathLike
@@ -20,7 +20,7 @@ import os
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from mono_aot.paths import PACK_ENTRY_POINT_GROUP
+from mono_aot.store.paths import PACK_ENTRY_POINT_GROUP
 
 log = logging.getLogger("mono_aot.store")
 

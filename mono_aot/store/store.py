@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mono_aot.errors import BadInput, MonoError
-from mono_aot.paths import extra_store_roots, is_writable_dir, user_cache_root
+from mono_aot.spec.errors import BadInput, MonoError
+from mono_aot.store.paths import extra_store_roots, is_writable_dir, user_cache_root
 from mono_aot.store.entry import Entry
 from mono_aot.store.gc import Cleared, GcPlan, clear_layer, gc_layer
 from mono_aot.store.layer import (

@@ -23,12 +23,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mono_aot import abi
-from mono_aot.arch import arch_info, base_arch
-from mono_aot.build import compile_kernel, disassemble
-from mono_aot.errors import MonoUnsupported
+from mono_aot.spec import abi
+from mono_aot.spec.arch import arch_info, base_arch
+from mono_aot.compiler import compile_kernel, disassemble
+from mono_aot.spec.errors import MonoUnsupported
 from mono_aot.keys import directory_provider
-from mono_aot.layouts import Layout, parse_layout, resolve_layout, shipped_layout_dir
+from mono_aot.spec.layouts import Layout, parse_layout, resolve_layout, shipped_layout_dir
 
 LAYOUT_NAME = "minimax-m3-dspark-tp4"
 ARCHS = ("gfx942", "gfx950")
@@ -219,7 +219,7 @@ def _add(x, y):
 def test_lane_layout_computes_both_products(arch):
     """One staged chunk through the kernel's index functions and the ISA's MFMA register
     layout gives ``S = q K^T`` and ``O = P V`` (every position, row and dim in its place)."""
-    from mono_aot.fp8 import decode, format_for_arch
+    from mono_aot.reference.fp8 import decode, format_for_arch
 
     g = _attention().AttnGeometry.build(resolve_layout(LAYOUT_NAME), arch, "wide")
     fmt = format_for_arch(arch)
@@ -296,7 +296,7 @@ def _gpu_layout() -> Layout:
 
 
 def _identity_codes(rows: int, cols: int, fmt) -> torch.Tensor:
-    from mono_aot.fp8 import encode
+    from mono_aot.reference.fp8 import encode
 
     one = int(encode(torch.tensor([1.0]), fmt)[0])
     w = torch.zeros((rows, cols), dtype=torch.uint8)
@@ -307,10 +307,10 @@ def _identity_codes(rows: int, cols: int, fmt) -> torch.Tensor:
 
 def _gpu_case(arch: str, variant: str, seq_lens: list[int], drop: list[int], seed: int):
     """Inputs of one case and the reference's answer (numerics 'kernel')."""
-    from mono_aot.fp8 import encode, format_for_arch
-    from mono_aot.kvcache import slots_of
+    from mono_aot.reference.fp8 import encode, format_for_arch
+    from mono_aot.reference.kvcache import slots_of
     from mono_aot.reference.step import StepInputs, gemma_norm, step_rank
-    from mono_aot.weights import stack_layers
+    from mono_aot.reference.weights import stack_layers
 
     gen = torch.Generator().manual_seed(seed)
     lay = _gpu_layout()
@@ -416,7 +416,7 @@ def _device_arch() -> str:
 
 
 def _check_against_reference(case, res, ref_cache, out):
-    from mono_aot.fp8 import boundary_distance, format_for_arch
+    from mono_aot.reference.fp8 import boundary_distance, format_for_arch
 
     n = case["n"]
     assert out["health"].tolist() == [0, 0, 0, 0]

@@ -1,7 +1,7 @@
 """The drafter megakernels compile for gfx942 and gfx950 from the shipped layout, and the code
 objects have what the design needs (metadata note and ISA).
 
-Each (variant, arch) is compiled once per test session, in a fresh ``mono_aot.build`` worker
+Each (variant, arch) is compiled once per test session, in a fresh ``mono_aot.compiler`` worker
 subprocess, which returns the code object and FlyDSL's ISA dump of that same compile. The
 compiles run two at a time.
 """
@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from mono_aot import abi
-from mono_aot.arch import arch_info
-from mono_aot.build import CompileResult, compile_kernel
-from mono_aot.build.checks import Expectation, check
+from mono_aot.spec import abi
+from mono_aot.spec.arch import arch_info
+from mono_aot.compiler import CompileResult, compile_kernel
+from mono_aot.compiler.checks import Expectation, check
 from mono_aot.kernels import KERNEL_NAMES
 from mono_aot.keys import real_provider
-from mono_aot.layouts import resolve_layout
+from mono_aot.spec.layouts import resolve_layout
 
 LAYOUT = "minimax-m3-dspark-tp4"
 ARCHS = ("gfx942", "gfx950")

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import pytest
 
-from mono_aot.kernels import selftest as st
-from mono_aot.layouts import resolve_layout
+from mono_aot import selftest as st
+from mono_aot.spec.layouts import resolve_layout
 
 pytestmark = [pytest.mark.rocm, pytest.mark.slow]
 

@@ -11,12 +11,12 @@ import sys
 import pytest
 import torch
 
-from mono_aot import abi
-from mono_aot.errors import BadInput
-from mono_aot.fp8 import boundary_distance, encode, resolve_format
+from mono_aot.spec import abi
+from mono_aot.spec.errors import BadInput
+from mono_aot.reference.fp8 import boundary_distance, encode, resolve_format
 from mono_aot.kernels import KERNEL_NAMES, build_wide, trace_args
-from mono_aot.kernels import selftest as st
-from mono_aot.layouts import resolve_layout
+from mono_aot import selftest as st
+from mono_aot.spec.layouts import resolve_layout
 
 LAY = resolve_layout("minimax-m3-dspark-tp4")
 
@@ -198,7 +198,7 @@ def test_selftest_verdicts_on_a_small_layout(tmp_path):
     tolerance of the float64 one, and its caches are the expected ones)."""
     import torch
 
-    from mono_aot.layouts import parse_layout
+    from mono_aot.spec.layouts import parse_layout
     from mono_aot.reference import random_model
 
     doc = LAY.model_dump(mode="json")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from mono_aot import abi
-from mono_aot.layouts import resolve_layout
+from mono_aot.spec import abi
+from mono_aot.spec.layouts import resolve_layout
 
 LAY = resolve_layout("minimax-m3-dspark-tp4")
 

@@ -24,11 +24,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from mono_aot import fp8
-from mono_aot.arch import ARCHS
+from mono_aot.reference import fp8
+from mono_aot.spec.arch import ARCHS
 from mono_aot.kernels import mfma
-from mono_aot.layouts import resolve_layout
-from mono_aot.weights import quantize_rows
+from mono_aot.spec.layouts import resolve_layout
+from mono_aot.reference.weights import quantize_rows
 
 LAYOUT = "minimax-m3-dspark-tp4"
 ARCH_LIST = ("gfx942", "gfx950")
@@ -304,7 +304,7 @@ def _standalone_kernargs():
 def builds(tmp_path_factory):
     """{(arch, mode): CompileResult} for the standalone kernel (and the perm probe), compiled
     two at a time."""
-    from mono_aot.build import compile_kernel
+    from mono_aot.compiler import compile_kernel
     from mono_aot.keys import directory_provider
 
     root = tmp_path_factory.mktemp("mfma-build")
@@ -342,7 +342,7 @@ def _expected_counts(layout, arch):
 
 @pytest.mark.parametrize("arch", ARCH_LIST)
 def test_standalone_compiles_and_passes_the_publish_rules(builds, layout, arch):
-    from mono_aot.build.checks import Expectation, check
+    from mono_aot.compiler.checks import Expectation, check
 
     r = builds[(arch, "compile")]
     assert "error:" not in r.stderr
@@ -405,7 +405,7 @@ GPU_LAYERS, GPU_LAYER = 2, 1  # stacked weights; the kernel must pick layer 1's
 
 
 def _device_arch() -> str:
-    from mono_aot.arch import base_arch
+    from mono_aot.spec.arch import base_arch
 
     return base_arch(torch.cuda.get_device_properties(0).gcnArchName)
 
@@ -445,7 +445,7 @@ def _small_layout():
     """A layout a ninth of the shipped one's weights (for the CPU dry run)."""
     import tomllib
 
-    from mono_aot.layouts import parse_layout
+    from mono_aot.spec.layouts import parse_layout
 
     doc = tomllib.loads(
         (Path(__file__).resolve().parents[2] / "layouts" / f"{LAYOUT}.toml").read_text()
@@ -456,7 +456,7 @@ def _small_layout():
 
 def _stand_in(by_ptr: dict, fmt, wrong_layer: bool = False):
     """The kernel's contract computed by torch on the CPU, from the same argument values."""
-    from mono_aot.weights import dequantize_rows
+    from mono_aot.reference.weights import dequantize_rows
 
     def launch(*args, stream=None):
         t = dict(zip((a for a, _ in mfma.STANDALONE_ARGS), args, strict=True))
@@ -499,7 +499,7 @@ def _random_codes(shape, fmt, gen):
 def _gpu_main(arch, dst, layout=None, ns=GPU_NS, device="cuda", stand_in=None) -> None:
     """Run the standalone kernel (or, with ``stand_in`` not None, a torch stand-in: False a
     right one, True one that reads the wrong layer) for every n and write the report."""
-    from mono_aot.weights import dequantize_rows
+    from mono_aot.reference.weights import dequantize_rows
 
     lay = layout or resolve_layout(LAYOUT)
     fmt = fp8.format_for_arch(arch)

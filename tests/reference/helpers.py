@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from mono_aot.layouts import Layout, parse_layout, resolve_layout
+from mono_aot.spec.layouts import Layout, parse_layout, resolve_layout
 
 SMALL: dict[str, Any] = {
     "name": "small",

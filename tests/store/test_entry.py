@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from mono_aot.errors import BadInput, MonoError
+from mono_aot.spec.errors import BadInput, MonoError
 from mono_aot.store import (
     EntryCorrupt,
     EntryUnknownSchema,

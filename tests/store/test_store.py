@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from mono_aot.errors import BadInput
+from mono_aot.spec.errors import BadInput
 from mono_aot.store import Store, StoreReadOnly
 from tests.store.helpers import make_entry, make_pair, rand_key, snapshot, worker
 
@@ -90,7 +90,7 @@ def test_files_are_readable_by_others_as_the_umask_allows(tmp_path, umask, fmode
 
 
 def test_get_or_build_key_mismatch_is_an_error(tmp_path) -> None:
-    from mono_aot.errors import MonoError
+    from mono_aot.spec.errors import MonoError
 
     with pytest.raises(MonoError, match="produced an entry for key"):
         Store.at(tmp_path).get_or_build(rand_key(), lambda: make_pair(random.Random(1)))

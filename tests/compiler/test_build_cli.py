@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from mono_aot.build import disassemble
+from mono_aot.compiler import disassemble
 from mono_aot.keys import directory_provider
-from mono_aot.layouts import shipped_layouts
+from mono_aot.spec.layouts import shipped_layouts
 from mono_aot.store import Store, encode_entry
 from mono_aot.store.entry import Entry
 
@@ -250,7 +250,7 @@ def test_isa_text_for_tests(tmp_path):
 def test_fixture_provider_sources_are_the_fixture_files():
     prov = directory_provider(FIXTURES / "demo", "demo_kernels")
     rels = {rel for rel, _ in prov.sources}
-    assert "provider/demo_kernels.py" in rels and "mono_aot/abi.py" in rels
+    assert "provider/demo_kernels.py" in rels and "mono_aot/spec/abi.py" in rels
 
 
 def test_default_store_is_the_user_cache_and_force_rebuilds(tmp_path):
@@ -326,7 +326,7 @@ def test_interrupting_a_build_stops_its_workers(tmp_path, signame, code, said):
                 cwd = Path(os.readlink(d / "cwd"))
             except OSError:
                 continue
-            if b"mono_aot.build.worker" in cmdline and tmp.resolve() in cwd.parents:
+            if b"mono_aot.compiler.worker" in cmdline and tmp.resolve() in cwd.parents:
                 pids.append(int(d.name))
         return pids
 

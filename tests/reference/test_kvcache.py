@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mono_aot.errors import BadInput
-from mono_aot.fp8 import E4M3FN, E4M3FNUZ, decode, encode
-from mono_aot.kvcache import (
+from mono_aot.spec.errors import BadInput
+from mono_aot.reference.fp8 import E4M3FN, E4M3FNUZ, decode, encode
+from mono_aot.reference.kvcache import (
     cache_shape,
     encode_kv,
     gather_codes,

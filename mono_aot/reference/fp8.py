@@ -1,7 +1,7 @@
 """fp8 codecs on raw ``uint8`` codes: OCP e4m3fn (gfx950) and e4m3fnuz (gfx942).
 
 The kernels read weights and the paged KV cache as bytes and convert them with the rocdl cvt
-ops, whose format depends on the arch (``mono_aot.arch``). Everything on the host side that
+ops, whose format depends on the arch (``mono_aot.spec.arch``). Everything on the host side that
 produces or checks those bytes goes through this module. The bytes are defined here in plain
 arithmetic (``encode(..., exact_arith=True)`` and ``decode``'s table), independent of torch's
 float8 dtypes; the tests compare that arithmetic with torch's dtypes bit for bit. ``encode``
@@ -34,7 +34,7 @@ from functools import cache
 
 import torch
 
-from mono_aot.arch import arch_info
+from mono_aot.spec.arch import arch_info
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ def fp8_format(name: str) -> FP8Format:
 
 
 def format_for_arch(arch: str) -> FP8Format:
-    """The format the arch's ``v_cvt_*_fp8`` instructions read (``mono_aot.arch``)."""
+    """The format the arch's ``v_cvt_*_fp8`` instructions read (``mono_aot.spec.arch``)."""
     info = arch_info(arch)
     fmt = fp8_format(info.fp8_format)
     if fmt.max != info.fp8_max:  # the two tables must agree

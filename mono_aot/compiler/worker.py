@@ -1,7 +1,7 @@
 """The compile subprocess: one kernel, one fresh interpreter, one private FlyDSL cache.
 
-Run as ``python -P -m mono_aot.build.worker request.json`` in the output directory by
-``mono_aot.build.compile``, which builds the whole environment (``COMPILE_ONLY=1``, ``ARCH``,
+Run as ``python -P -m mono_aot.compiler.worker request.json`` in the output directory by
+``mono_aot.compiler.compile``, which builds the whole environment (``COMPILE_ONLY=1``, ``ARCH``,
 ``FLYDSL_GPU_ARCH``, ``FLYDSL_DEBUG_DUMP_ASM=1``, a private empty ``FLYDSL_RUNTIME_CACHE_DIR``,
 ``ROCM_PATH``, all paths relative) before this interpreter starts, so it is in place before
 FlyDSL is imported. An LLVM abort kills only this process; the parent reports it.
@@ -9,7 +9,7 @@ FlyDSL is imported. An LLVM abort kills only this process; the parent reports it
 First thing, on Linux, the worker turns off address-space randomisation for itself: it sets
 ``ADDR_NO_RANDOMIZE`` in its personality and re-executes itself with the same argv and
 environment (the flag takes effect at ``execve``). LLVM's optimiser orders some work by pointer
-value; with a fixed layout and identical inputs (see ``mono_aot.build.compile``) the pointers,
+value; with a fixed layout and identical inputs (see ``mono_aot.compiler.compile``) the pointers,
 and so the bytes, are the same in every build. If the kernel refuses the flag the compile goes
 on, ``result.json`` says ``address_space: randomized`` and stderr has a warning.
 
@@ -29,7 +29,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from mono_aot.build.protocol import (
+from mono_aot.compiler.protocol import (
     CODE_FILE,
     EXIT_PYTHON_ERROR,
     ISA_FILE,
@@ -120,7 +120,7 @@ def _provider(module_name: str, search_path: str | None):
 
 
 def _trace(req: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    from mono_aot.layouts import parse_layout
+    from mono_aot.spec.layouts import parse_layout
 
     layout = parse_layout(req["layout"], source=f"layout {req['layout'].get('name')}")
     variant, arch = req["variant"], req["arch"]
@@ -160,7 +160,7 @@ def _artifact_state(launcher: Any) -> dict[str, Any]:
 
 
 def _extract(out: Path, info: dict[str, Any], arch: str, state: dict[str, Any]) -> None:
-    from mono_aot.build.extract import artifact_ir_text, gpu_objects, launches
+    from mono_aot.compiler.extract import artifact_ir_text, gpu_objects, launches
 
     for field in ("processor_refs", "link_libs"):
         if state.get(field):
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     how = fix_address_space(argv)  # re-execs (does not return) the first time on Linux
     args = [a for a in argv if a != FIXED_MARK]
     if len(args) != 1:
-        print("usage: python -m mono_aot.build.worker REQUEST.json", file=sys.stderr)
+        print("usage: python -m mono_aot.compiler.worker REQUEST.json", file=sys.stderr)
         return 2
     return run(Path(args[0]), how)
 

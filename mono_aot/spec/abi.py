@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mono_aot.layouts import Layout, Variant, align_up
+from mono_aot.spec.layouts import Layout, Variant, align_up
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from mono_aot.arch import ARCHS, SUPPORTED_ARCHS
-from mono_aot.errors import LayoutError
+from mono_aot.spec.arch import ARCHS, SUPPORTED_ARCHS
+from mono_aot.spec.errors import LayoutError
 
 LAYOUT_SCHEMA_VERSION = 1
 VARIANTS: tuple[str, ...] = ("narrow", "wide")
@@ -178,15 +178,15 @@ class Layout(_Strict):
         return ("wide",) if self.serving.wide_base == 1 else ("narrow", "wide")
 
     def scratch_bytes(self, variant: Variant) -> int:
-        """Bytes of the scratch buffer one launch of ``variant`` needs (``mono_aot.abi``)."""
-        from mono_aot.abi import scratch_plan
+        """Bytes of the scratch buffer one launch of ``variant`` needs (``mono_aot.spec.abi``)."""
+        from mono_aot.spec.abi import scratch_plan
 
         return scratch_plan(self, variant).total
 
     @property
     def peer_bytes(self) -> int:
-        """Bytes of each rank's peer (all-reduce mailbox) buffer (``mono_aot.abi``)."""
-        from mono_aot.abi import peer_plan
+        """Bytes of each rank's peer (all-reduce mailbox) buffer (``mono_aot.spec.abi``)."""
+        from mono_aot.spec.abi import peer_plan
 
         return peer_plan(self).total
 
@@ -278,7 +278,7 @@ def _rule_problems(lay: Layout) -> Iterable[tuple[str, str]]:
                 f"targets.{arch}",
                 (
                     f"unknown arch; supported: {', '.join(SUPPORTED_ARCHS)} "
-                    "(a new one is added in mono_aot/arch.py)"
+                    "(a new one is added in mono_aot/spec/arch.py)"
                 ),
             )
         elif lay.targets[arch].ctas > ARCHS[arch].max_cus:
@@ -346,11 +346,11 @@ def load_layout(path: str | Path) -> Layout:
 
 def shipped_layout_dir() -> Path:
     """Where the shipped specs are: inside an installed wheel, or the checkout's ``layouts/``."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "_layouts", here.parent / "layouts"):
+    package = Path(__file__).resolve().parents[1]  # .../mono_aot
+    for candidate in (package / "_layouts", package.parent / "layouts"):
         if candidate.is_dir():
             return candidate
-    return here / "_layouts"
+    return package / "_layouts"
 
 
 def shipped_layout_paths() -> list[Path]:

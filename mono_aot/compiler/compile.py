@@ -1,7 +1,7 @@
 """Compile one kernel in a fresh subprocess and bring back its code object, metadata and ISA.
 
 ``compile_kernel`` is the library entry point the build command and the kernel authors use.
-It spawns ``python -m mono_aot.build.worker`` in the output directory with an environment built
+It spawns ``python -m mono_aot.compiler.worker`` in the output directory with an environment built
 from scratch (nothing inherited but the interpreter), a private empty FlyDSL cache, and
 ``ROCM_PATH`` pointing at a folder whose ``llvm/bin/ld.lld`` runs the chosen linker.
 
@@ -12,7 +12,7 @@ module inside one process gives several different code objects. No FlyDSL or LLV
 that off, so the build removes the variation from the process instead:
 
 * the worker disables address-space randomisation for itself (``personality(ADDR_NO_RANDOMIZE)``
-  and a re-exec, see ``mono_aot.build.worker``), so every mapping starts at the same address;
+  and a re-exec, see ``mono_aot.compiler.worker``), so every mapping starts at the same address;
 * the worker's inputs are byte-identical for identical build inputs wherever the output
   directory is: the same argv (``request.json``, relative), an environment made here from
   constants (every path in it relative to the working directory), no ``sys.path`` entry for the
@@ -42,12 +42,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from mono_aot.build.codeobject import CodeObjectError, CodeObjectInfo, parse_code_object
-from mono_aot.build.protocol import CODE_FILE, ISA_FILE, RESULT_FILE, WORKER_PROTOCOL
-from mono_aot.errors import MonoError
+from mono_aot.compiler.codeobject import CodeObjectError, CodeObjectInfo, parse_code_object
+from mono_aot.compiler.protocol import CODE_FILE, ISA_FILE, RESULT_FILE, WORKER_PROTOCOL
+from mono_aot.spec.errors import MonoError
 from mono_aot.keys import Provider
-from mono_aot.layouts import Layout
-from mono_aot.toolchain import Linker, find_linker, prepare_rocm_dir
+from mono_aot.spec.layouts import Layout
+from mono_aot.compiler.toolchain import Linker, find_linker, prepare_rocm_dir
 
 DEFAULT_TIMEOUT_S = 1800.0  # a worker that runs longer is killed and its job fails
 STDERR_TAIL_LINES = 25
@@ -103,7 +103,7 @@ def options_identity(arch: str) -> dict[str, Any]:
 
 def _worker_argv() -> list[str]:
     # -P: no sys.path entry for the working directory (its absolute path would differ per build)
-    return [sys.executable, "-P", "-m", "mono_aot.build.worker", REQUEST_FILE]
+    return [sys.executable, "-P", "-m", "mono_aot.compiler.worker", REQUEST_FILE]
 
 
 class CompileError(MonoError):

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from mono_aot.errors import BadInput
-from mono_aot.fp8 import FP8Format, decode, encode, resolve_format
-from mono_aot.layouts import Layout
+from mono_aot.spec.errors import BadInput
+from mono_aot.reference.fp8 import FP8Format, decode, encode, resolve_format
+from mono_aot.spec.layouts import Layout
 
 PAD_SLOT = -1
 

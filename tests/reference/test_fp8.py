@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mono_aot import fp8
-from mono_aot.fp8 import (
+from mono_aot.reference import fp8
+from mono_aot.reference.fp8 import (
     E4M3FN,
     E4M3FNUZ,
     boundary_distance,

@@ -9,10 +9,10 @@ import zlib
 
 import pytest
 
-from mono_aot.arch import arch_info
-from mono_aot.build.checks import Expectation, check, coresidency
-from mono_aot.build.codeobject import CodeObjectError, KernelMeta, parse_code_object
-from mono_aot.build.extract import (
+from mono_aot.spec.arch import arch_info
+from mono_aot.compiler.checks import Expectation, check, coresidency
+from mono_aot.compiler.codeobject import CodeObjectError, KernelMeta, parse_code_object
+from mono_aot.compiler.extract import (
     ExtractError,
     artifact_ir_text,
     gpu_objects,

@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mono_aot.errors import ToolchainError
+from mono_aot.spec.errors import ToolchainError
 
 MIN_LLD_MAJOR = 19
 _VERSION_RE = re.compile(r"LLD (\d+)\.(\d+)(?:\.(\d+))?")

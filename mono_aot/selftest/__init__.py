@@ -11,7 +11,7 @@ The checks (each prints one verdict):
   ``||out - ref|| / ||ref|| <= 2e-2`` on every rank, health 0, and the caches afterwards equal
   to the reference's byte for byte (the kernel-numerics reference; a written code may differ
   only where its pre-encode value lies within the accumulated rounding error of an fp8
-  rounding boundary, see ``mono_aot.fp8.boundary_distance``), every other byte untouched.
+  rounding boundary, see ``mono_aot.reference.fp8.boundary_distance``), every other byte untouched.
 - ``dead-rank``: the last rank never launches; the others must finish (short wait bound),
   each with ``health`` = peer timeout waiting for that rank, then a full step with every rank
   must pass again (stale mailbox contents are never mistaken for current ones).
@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mono_aot import abi
-from mono_aot.errors import MonoError
-from mono_aot.layouts import Layout, Variant
+from mono_aot.spec import abi
+from mono_aot.spec.errors import MonoError
+from mono_aot.spec.layouts import Layout, Variant
 
 CHECKS: tuple[str, ...] = ("narrow", "wide", "dead-rank", "graph-replay")
 TOLERANCE = 2e-2  # ||out - ref|| / ||ref||
@@ -138,7 +138,7 @@ def compare_caches(
     ``(bad bytes, tolerated near-boundary differences)``."""
     import torch
 
-    from mono_aot.fp8 import boundary_distance
+    from mono_aot.reference.fp8 import boundary_distance
 
     B = layout.serving.kv_block
     bad = tolerated = 0
@@ -233,7 +233,7 @@ class _Rank:
         import torch
 
         from mono_aot.kernels import build_drafter, build_wide, trace_args
-        from mono_aot.layouts import parse_layout
+        from mono_aot.spec.layouts import parse_layout
 
         self.torch = torch
         self.rank = msg["rank"]
@@ -493,7 +493,7 @@ def find_devices(layout: Layout) -> tuple[str, list[int]]:
         raise NoDevice(
             "FlyDSL is not installed (pip install 'mono-aot[build]'); nothing was tested"
         ) from None
-    from mono_aot.arch import base_arch
+    from mono_aot.spec.arch import base_arch
 
     tp = layout.parallel.tp
     by_arch: dict[str, list[int]] = {}
@@ -751,7 +751,7 @@ def run_selftest(
     """Run ``checks`` on this machine's GPUs; ``NoDevice`` when they cannot run here."""
     unknown = [c for c in checks if c not in CHECKS]
     if unknown:
-        from mono_aot.errors import BadInput
+        from mono_aot.spec.errors import BadInput
 
         raise BadInput(f"unknown check(s) {', '.join(unknown)}; choose from {', '.join(CHECKS)}")
     wanted = [c for c in CHECKS if c in checks]

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from mono_aot import __version__
-from mono_aot.build.checks import Expectation, Violation, check
-from mono_aot.build.compile import (
+from mono_aot.compiler.checks import Expectation, Violation, check
+from mono_aot.compiler.compile import (
     DEFAULT_TIMEOUT_S,
     CompileError,
     CompileResult,
@@ -27,8 +27,8 @@ from mono_aot.build.compile import (
     compile_kernel,
     kill_running_workers,
 )
-from mono_aot.build.plan import Job, Toolchain, contract_kernargs, stale_reason
-from mono_aot.errors import MonoError
+from mono_aot.compiler.plan import Job, Toolchain, contract_kernargs, stale_reason
+from mono_aot.spec.errors import MonoError
 from mono_aot.keys import Provider
 from mono_aot.store import Entry, Store
 from mono_aot.store.entry import BlobRef, ElfInfo, KernargSlot, Launch, Provenance, Resources

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from mono_aot.build.plan import current_toolchain, plan_jobs
-from mono_aot.errors import BadInput
+from mono_aot.compiler.plan import current_toolchain, plan_jobs
+from mono_aot.spec.errors import BadInput
 from mono_aot.keys import (
     build_inputs,
     directory_provider,
@@ -21,8 +21,8 @@ from mono_aot.keys import (
     lookup_key,
     real_provider,
 )
-from mono_aot.layouts import load_layout, parse_layout, shipped_layout_paths
-from mono_aot.toolchain import find_linker, probe
+from mono_aot.spec.layouts import load_layout, parse_layout, shipped_layout_paths
+from mono_aot.compiler.toolchain import find_linker, probe
 
 from .conftest import FIXTURES
 
@@ -158,7 +158,7 @@ def test_any_kernel_source_edit_changes_the_key(provider):
 def test_real_provider_sources_cover_kernels_and_contract():
     prov = real_provider()
     rels = [rel for rel, _ in prov.sources]
-    assert {"mono_aot/abi.py", "mono_aot/layouts.py", "mono_aot/arch.py"} <= set(rels)
+    assert {"mono_aot/spec/abi.py", "mono_aot/spec/layouts.py", "mono_aot/spec/arch.py"} <= set(rels)
     assert all(r.startswith("mono_aot/") and r.endswith(".py") for r in rels)
     assert not any("__pycache__" in r for r in rels)
     kernels = Path(real_provider().sources[0][1]).parent / "kernels"
@@ -171,11 +171,11 @@ def test_real_provider_sources_cover_kernels_and_contract():
 def test_project_modules_the_kernels_import_are_sources(provider):
     src = provider.search_path / "demo_kernels.py"
     src.write_text(
-        src.read_text() + "\n\ndef _unused():\n    from mono_aot.paths import user_cache_root\n"
-        "    import mono_aot.toolchain\n"
+        src.read_text() + "\n\ndef _unused():\n    from mono_aot.store.paths import user_cache_root\n"
+        "    import mono_aot.compiler.toolchain\n"
     )
     rels = {rel for rel, _ in directory_provider(provider.search_path, "demo_kernels").sources}
-    assert {"mono_aot/paths.py", "mono_aot/toolchain.py", "mono_aot/errors.py"} <= rels
+    assert {"mono_aot/store/paths.py", "mono_aot/compiler/toolchain.py", "mono_aot/spec/errors.py"} <= rels
     assert "provider/demo_kernels.py" in rels
     assert not any(r.startswith("tests/") for r in rels)
 
@@ -183,10 +183,10 @@ def test_project_modules_the_kernels_import_are_sources(provider):
 def test_keys_never_import_flydsl():
     """The runtime computes keys with no compiler installed: keys.py must not import FlyDSL."""
     code = (
-        "import sys; import mono_aot.keys as k; from mono_aot.layouts import shipped_layouts;"
+        "import sys; import mono_aot.keys as k; from mono_aot.spec.layouts import shipped_layouts;"
         "lay = shipped_layouts()[0]; print(k.lookup_key(k.real_provider(), 'wide', lay, 'gfx942'));"
         "bad = [m for m in sys.modules"
-        " if m.split('.')[0] in ('flydsl', 'torch') or m.startswith('mono_aot.build')];"
+        " if m.split('.')[0] in ('flydsl', 'torch') or m.startswith('mono_aot.compiler')];"
         "assert not bad, bad"
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 import torch
 
-from mono_aot.errors import BadInput
-from mono_aot.fp8 import E4M3FN, E4M3FNUZ, decode, encode
+from mono_aot.spec.errors import BadInput
+from mono_aot.reference.fp8 import E4M3FN, E4M3FNUZ, decode, encode
 from mono_aot.reference.problem import exact_weight, random_model
-from mono_aot.weights import (
+from mono_aot.reference.weights import (
     GEMV_NAMES,
     LayerWeights,
     check_rank_weights,

@@ -13,8 +13,8 @@ import tomli_w
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mono_aot.errors import LayoutError
-from mono_aot.layouts import (
+from mono_aot.spec.errors import LayoutError
+from mono_aot.spec.layouts import (
     Layout,
     load_layout,
     parse_layout,
@@ -153,7 +153,7 @@ def test_unknown_arch_is_rejected_and_says_how_to_add_one(tmp_path):
     doc["targets"]["gfx940"] = {"ctas": 228}
     (problem,) = problems_of(tmp_path, doc)
     assert "targets.gfx940: unknown arch; supported: gfx942, gfx950" in problem
-    assert "mono_aot/arch.py" in problem
+    assert "mono_aot/spec/arch.py" in problem
 
 
 def test_no_targets_is_rejected(tmp_path):

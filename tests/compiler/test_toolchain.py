@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mono_aot import toolchain
-from mono_aot.errors import ToolchainError
+from mono_aot.compiler import toolchain
+from mono_aot.spec.errors import ToolchainError
 
 
 def fake_lld(folder: Path, version: str, name: str = "ld.lld") -> Path:
