@@ -15,7 +15,8 @@ from mono_aot.spec.layouts import VARIANTS
 
 
 def _provider(spec: str | None):
-    from mono_aot.keys import REAL_PROVIDER, directory_provider, real_provider
+    from mono_aot.compiler.inputs import directory_provider
+    from mono_aot.keys import REAL_PROVIDER, real_provider
 
     if spec is None:
         prov = real_provider()

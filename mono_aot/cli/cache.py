@@ -17,6 +17,7 @@ import click
 
 from mono_aot.cli._common import emit_json, json_option
 from mono_aot.spec.errors import BadInput, MonoError
+from mono_aot.spec.util import HEX64
 from mono_aot.store import Store
 from mono_aot.store.layer import MISSING
 
@@ -193,7 +194,7 @@ def verify_cmd(ctx: click.Context, keys: tuple[str, ...], all_layers: bool, as_j
     store = _store(ctx)
     wanted = None
     if keys:
-        wanted = [k if re.fullmatch(r"[0-9a-f]{64}", k) else store.resolve_prefix(k) for k in keys]
+        wanted = [k if HEX64.fullmatch(k) else store.resolve_prefix(k) for k in keys]
     report = store.verify(wanted, all_layers=all_layers)
     if as_json:
         emit_json(

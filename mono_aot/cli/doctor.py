@@ -11,6 +11,7 @@ import click
 
 from mono_aot import __version__
 from mono_aot.cli._common import emit_json, json_option
+from mono_aot.compiler.toolchain import HOW_TO_GET_A_LINKER, discover
 from mono_aot.spec.errors import EXIT_FAILED, ToolchainError
 from mono_aot.store.paths import (
     PACK_ENTRY_POINT_GROUP,
@@ -18,7 +19,6 @@ from mono_aot.store.paths import (
     is_writable_dir,
     user_cache_root,
 )
-from mono_aot.compiler.toolchain import HOW_TO_GET_A_LINKER, discover
 
 
 def _version(dist: str) -> str | None:

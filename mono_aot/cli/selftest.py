@@ -10,8 +10,8 @@ from __future__ import annotations
 import click
 
 from mono_aot.cli._common import emit_json, json_option
-from mono_aot.spec.errors import EXIT_FAILED, EXIT_OK, BadInput
 from mono_aot.selftest import CHECKS, DEFAULT_REPLAYS, EXIT_NO_DEVICE, run_selftest
+from mono_aot.spec.errors import EXIT_FAILED, EXIT_OK, BadInput
 from mono_aot.spec.layouts import resolve_layout, shipped_layout_paths
 
 

@@ -44,10 +44,10 @@ from typing import Any, Literal
 
 from mono_aot.compiler.codeobject import CodeObjectError, CodeObjectInfo, parse_code_object
 from mono_aot.compiler.protocol import CODE_FILE, ISA_FILE, RESULT_FILE, WORKER_PROTOCOL
-from mono_aot.spec.errors import MonoError
-from mono_aot.keys import Provider
-from mono_aot.spec.layouts import Layout
 from mono_aot.compiler.toolchain import Linker, find_linker, prepare_rocm_dir
+from mono_aot.keys import Provider
+from mono_aot.spec.errors import MonoError
+from mono_aot.spec.layouts import Layout
 
 DEFAULT_TIMEOUT_S = 1800.0  # a worker that runs longer is killed and its job fails
 STDERR_TAIL_LINES = 25

@@ -7,19 +7,14 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from mono_aot.compiler.compile import options_identity
+from mono_aot.compiler.inputs import build_inputs, installed_package_digest
+from mono_aot.compiler.toolchain import Linker, find_linker
+from mono_aot.keys import Provider, key_of, lookup_inputs
 from mono_aot.spec.abi import kernarg_layout
 from mono_aot.spec.arch import SUPPORTED_ARCHS
-from mono_aot.compiler.compile import options_identity
 from mono_aot.spec.errors import BadInput, MonoError, ToolchainError
-from mono_aot.keys import (
-    Provider,
-    build_inputs,
-    installed_package_digest,
-    key_of,
-    lookup_inputs,
-)
 from mono_aot.spec.layouts import VARIANTS, Layout, resolve_layout, shipped_layouts
-from mono_aot.compiler.toolchain import Linker, find_linker
 
 
 @dataclass(frozen=True)

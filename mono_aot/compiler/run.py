@@ -28,8 +28,8 @@ from mono_aot.compiler.compile import (
     kill_running_workers,
 )
 from mono_aot.compiler.plan import Job, Toolchain, contract_kernargs, stale_reason
-from mono_aot.spec.errors import MonoError
 from mono_aot.keys import Provider
+from mono_aot.spec.errors import MonoError
 from mono_aot.store import Entry, Store
 from mono_aot.store.entry import BlobRef, ElfInfo, KernargSlot, Launch, Provenance, Resources
 

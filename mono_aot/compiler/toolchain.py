@@ -7,15 +7,16 @@ accept. The linker's version string ends up in the code object (``.comment``), s
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mono_aot.spec.errors import ToolchainError
+from mono_aot.spec.util import file_sha256
 
 MIN_LLD_MAJOR = 19
 _VERSION_RE = re.compile(r"LLD (\d+)\.(\d+)(?:\.(\d+))?")
@@ -51,14 +52,6 @@ class Discovery:
     skipped: list[str] = field(default_factory=list)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def probe(argv: tuple[str, ...], binary: Path, source: str) -> Linker:
     """Run ``argv --version``; ``ToolchainError`` says why it is unusable."""
     try:
@@ -78,7 +71,7 @@ def probe(argv: tuple[str, ...], binary: Path, source: str) -> Linker:
         raise ToolchainError(
             f"{source}: {binary} is LLD {major}; code object v6 needs LLD {MIN_LLD_MAJOR} or newer"
         )
-    return Linker(source, tuple(argv), binary, version, major, _sha256(binary))
+    return Linker(source, tuple(argv), binary, version, major, file_sha256(binary))
 
 
 def _ziglang_zig() -> Path | None:
@@ -154,7 +147,7 @@ def prepare_rocm_dir(linker: Linker, root: Path) -> Path:
     bindir = root / "llvm" / "bin"
     bindir.mkdir(parents=True, exist_ok=True)
     target = bindir / "ld.lld"
-    quoted = " ".join(_sh_quote(a) for a in linker.argv)
+    quoted = " ".join(shlex.quote(a) for a in linker.argv)
     script = f'#!/bin/sh\nexec {quoted} "$@"\n'
     if target.is_file() and target.read_text(errors="replace") == script:
         return root
@@ -163,7 +156,3 @@ def prepare_rocm_dir(linker: Linker, root: Path) -> Path:
     tmp.chmod(0o755)
     os.replace(tmp, target)
     return root
-
-
-def _sh_quote(s: str) -> str:
-    return "'" + s.replace("'", "'\"'\"'") + "'"

@@ -25,10 +25,10 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.expr import range_constexpr
 
-from mono_aot.spec import abi
 from mono_aot.kernels.common import KernelCtx, bf16_hi, bf16_lo, bf16_pack, gptr
 from mono_aot.kernels.pointwise import absorb, hidden_split
 from mono_aot.kernels.sync import wait_word
+from mono_aot.spec import abi
 
 KINDS = {"attn": 0, "mlp": 1}
 

@@ -48,7 +48,8 @@ from flydsl.expr.typing import T
 from mono_aot.spec import abi
 from mono_aot.spec.arch import arch_info
 from mono_aot.spec.errors import MonoUnsupported
-from mono_aot.spec.layouts import Layout, Variant, align_up
+from mono_aot.spec.layouts import Layout, Variant
+from mono_aot.spec.util import align_up, ceil_div
 
 WAVE = 64
 MFMA_N = 16  # rows / cols of one v_mfma_f32_16x16x16_bf16 tile
@@ -226,9 +227,9 @@ def attention_split(g: AttnGeometry, seq_lens: list[int]) -> tuple[int, list[int
     (partition length, tasks per request). Tests use it to check the slot bound and to know
     which requests a case splits; the kernels never call it."""
     lens = [max(int(s), 0) for s in seq_lens]
-    per_cta = -(-sum(lens) // g.ctas)
-    part = max(-(-per_cta // g.chunk) * g.chunk, g.min_partition)
-    return part, [max(1, -(-s // part)) for s in lens]
+    per_cta = ceil_div(sum(lens), g.ctas)
+    part = max(ceil_div(per_cta, g.chunk) * g.chunk, g.min_partition)
+    return part, [max(1, ceil_div(s, part)) for s in lens]
 
 
 # ---------------------------------------------------------------- device helpers (no control flow)
@@ -425,8 +426,8 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
     INV_D = 1.0 / D
     Q_SCALE = LOG2E / math.sqrt(D)
     TILES = CHUNK // MFMA_N
-    TPW = -(-g.slots // CTAS)  # attention tasks one workgroup may get (2: slots < 2 CTAs)
-    ITEMS = -(-g.max_reqs * QPR * H // (CTAS * WAVES))  # combine rows one wave may get
+    TPW = ceil_div(g.slots, CTAS)  # attention tasks one workgroup may get (2: slots < 2 CTAs)
+    ITEMS = ceil_div(g.max_reqs * QPR * H, (CTAS * WAVES))  # combine rows one wave may get
     ARCH = g.arch
     # words of bf16 pairs a lane feeds one MFMA: 2 (16x16x16) or 4 (16x16x32 on gfx950)
     KW = g.mfma_words

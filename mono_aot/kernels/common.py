@@ -19,6 +19,7 @@ from flydsl.expr.typing import T
 from mono_aot.spec import abi
 from mono_aot.spec.arch import arch_info
 from mono_aot.spec.layouts import Layout
+from mono_aot.spec.util import ceil_div
 
 GLOBAL = fx.AddressSpace.Global
 SHARED = fx.AddressSpace.Shared
@@ -120,7 +121,7 @@ class ProjectionRows:
     @property
     def rows_per_cta(self) -> int:
         """Most rows (or row pairs) one workgroup owns."""
-        return -(-self.seg_rows // self.ctas)
+        return ceil_div(self.seg_rows, self.ctas)
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,7 @@ class RowSplit:
 
     @property
     def per(self) -> int:
-        return -(-self.rows // self.nwg)
+        return ceil_div(self.rows, self.nwg)
 
     def begin(self, bid: Any) -> Any:
         return fx.Int32(bid) * self.per

@@ -31,11 +31,12 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.expr import const_expr
 
-from mono_aot.spec import abi
-from mono_aot.spec.errors import BadInput, MonoUnsupported
 from mono_aot.kernels import KERNEL_NAMES, allreduce, attention, gemv, pointwise, sync
 from mono_aot.kernels.common import TABLE_WORDS, KernelCtx, gptr, publish
+from mono_aot.spec import abi
+from mono_aot.spec.errors import BadInput, MonoUnsupported
 from mono_aot.spec.layouts import Layout, Variant
+from mono_aot.spec.util import align_up, ceil_div
 
 SUPPORTED_TP = 4  # the kernel signature spells out pe0..pe3 (the user's runner is TP 4)
 GEMMS = ("valu", "mfma")
@@ -137,11 +138,11 @@ def make_launcher(spec: KernelSpec) -> Any:
     # LDS arena: [0, red) the GEMV's / attention's own use, then rstd [n_max] f32, then the
     # per-workgroup tile [n_max][RS] f32 (o/down partials; the receive's squares)
     red = max(proj.lds_bytes, attn.lds_bytes)
-    red = -(-red // 256) * 256
+    red = align_up(red, 256)
     off_rstd = red
-    off_tile = off_rstd + -(-n_max * 4 // 256) * 256
+    off_tile = off_rstd + align_up(n_max * 4, 256)
     arena = off_tile + n_max * RS * 4
-    words = -(-arena // 16) * 4
+    words = ceil_div(arena, 16) * 4
     limit = 64 * 1024
     if arena > limit:
         raise MonoUnsupported(f"{spec.name} for {arch}: {arena} bytes of LDS exceed {limit}")
@@ -287,7 +288,7 @@ def make_launcher(spec: KernelSpec) -> Any:
         alloc = fx.SharedAllocator()
         lds = alloc.allocate(fx.Array[fx.Int32, words, 16]).peek().ptr
         sync_lds = alloc.allocate(fx.Array[fx.Int32, 4, 16]).peek()
-        table = alloc.allocate(fx.Array[fx.Int32, -(-TABLE_WORDS // 4) * 4, 16]).peek()
+        table = alloc.allocate(fx.Array[fx.Int32, align_up(TABLE_WORDS, 4), 16]).peek()
         k = KernelCtx(lay, arch, variant, nwg, threads, n_max, scratch, peer, arena, ticks)
         k.addr.update(
             x=x, out=out, tab=tab, qkv_w=qkv_w, qkv_s=qkv_s, o_w=o_w, o_s=o_s, gu_w=gu_w,

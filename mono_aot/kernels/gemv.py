@@ -33,6 +33,7 @@ from flydsl.expr import const_expr, range_constexpr, rocdl
 from flydsl.expr.typing import T
 
 from mono_aot.kernels.common import ProjectionRows, bf16_hi, bf16_lo, fp8x4_to_f32, gptr
+from mono_aot.spec.util import ceil_div
 
 WAVE = 64
 LANE_K = 16  # K positions (bytes of fp8) one lane covers per tile: one 16-byte load
@@ -79,7 +80,7 @@ class GemvPlan(ProjectionRows):
     @property
     def per_wave(self) -> int:
         """Rows one wave holds (a pair plan's gate and up rows count separately)."""
-        return -(-self.local_rows // self.waves)
+        return ceil_div(self.local_rows, self.waves)
 
     @property
     def group(self) -> int:
@@ -87,7 +88,7 @@ class GemvPlan(ProjectionRows):
 
     @property
     def groups(self) -> int:
-        return -(-self.max_tokens // self.group)
+        return ceil_div(self.max_tokens, self.group)
 
     @property
     def values_per_lane(self) -> int:
@@ -230,7 +231,7 @@ def _group(g: int, wg, tid, w, s, x, n, red, P: GemvPlan, emit: Callable[..., No
             for e in range_constexpr(4):
                 f += fp8x4_to_f32(wv[e])
             wf.append(f)
-        for b in range_constexpr(-(-G // SUB)):
+        for b in range_constexpr(ceil_div(G, SUB)):
             t0, t1 = b * SUB, min(G, (b + 1) * SUB)
             if const_expr(g == 0 and b == 0):
                 acc = _fma_tokens(acc, wf, stage, lane, t0, t1)

@@ -42,6 +42,7 @@ from flydsl.expr.typing import T
 
 from mono_aot.kernels.common import ProjectionRows
 from mono_aot.spec.layouts import Layout, Variant
+from mono_aot.spec.util import ceil_div
 
 WAVE = 64
 TILE = 16  # rows (A) and tokens (B) of one v_mfma_f32_16x16x16_bf16 tile
@@ -113,7 +114,7 @@ class GemmPlan(ProjectionRows):
 
     @property
     def seg_tiles(self) -> int:
-        return -(-self.rows_per_cta // TILE)
+        return ceil_div(self.rows_per_cta, TILE)
 
     @property
     def row_tiles(self) -> int:
@@ -122,7 +123,7 @@ class GemmPlan(ProjectionRows):
 
     @property
     def token_tiles(self) -> int:
-        return -(-self.max_tokens // TILE)
+        return ceil_div(self.max_tokens, TILE)
 
     @property
     def chunks_per_wave(self) -> int:
@@ -143,7 +144,7 @@ class GemmPlan(ProjectionRows):
 
     @property
     def rounds(self) -> int:
-        return -(-self.token_tiles // self.tiles_per_round)
+        return ceil_div(self.token_tiles, self.tiles_per_round)
 
     @property
     def lds_bytes(self) -> int:
@@ -156,7 +157,7 @@ class GemmPlan(ProjectionRows):
 
     @property
     def min_token_tiles(self) -> int:
-        return -(-self.min_tokens // TILE)
+        return ceil_div(self.min_tokens, TILE)
 
     def prefetch_for(self, nt: int) -> int:
         """Chunks whose loads are in flight ahead of the one being multiplied (by VGPR budget)."""
@@ -264,7 +265,7 @@ def lane_tok(t: int, lr: Any, n: Any) -> Any:
 
 def version_tiles(P: GemmPlan, n: int) -> int:
     """Token tiles of the version that runs for n tokens (host mirror of ``_phase_versions``)."""
-    return min(P.token_tiles, max(P.min_token_tiles, -(-n // TILE)))
+    return min(P.token_tiles, max(P.min_token_tiles, ceil_div(n, TILE)))
 
 
 def round_tiles(P: GemmPlan, nt: int) -> list[list[int]]:
@@ -511,7 +512,7 @@ def _reduce_round(c, acc, tiles):
     fx.gpu.barrier()
     # 2. each thread sums the waves' partials of its output elements and emits them
     elems = len(tiles) * TILE * HT * TILE
-    for k in range(-(-elems // P.threads)):
+    for k in range(ceil_div(elems, P.threads)):
         e = c.tid + k * P.threads
         ragged = k * P.threads + P.threads > elems  # the last pass has idle threads
         tr, j, r, f = red_elem(P, _imin(e, elems - 1) if ragged else e)

@@ -25,8 +25,9 @@ from flydsl._mlir.dialects import llvm
 from flydsl.expr import const_expr, range_constexpr
 from flydsl.expr.typing import T
 
-from mono_aot.spec import abi
 from mono_aot.kernels.common import AGENT, KernelCtx, gptr
+from mono_aot.spec import abi
+from mono_aot.spec.util import ceil_div
 
 LOG2E = 1.4426950408889634
 
@@ -48,7 +49,7 @@ class HiddenSplit:
 
 def hidden_split(k: KernelCtx) -> HiddenSplit:
     hs = HiddenSplit(k.lay.model.hidden, k.nwg, abi.mbox_rows(k.lay))
-    if -(-hs.hidden // hs.ctas) > hs.stride:
+    if ceil_div(hs.hidden, hs.ctas) > hs.stride:
         raise ValueError("mailbox row stride smaller than the rows a workgroup owns")
     return hs
 

@@ -23,8 +23,8 @@ from typing import Any
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 
-from mono_aot.spec import abi
 from mono_aot.kernels.common import AGENT, KernelCtx, gptr, now
+from mono_aot.spec import abi
 
 ST_ABORTED = 0x100  # local status: another workgroup failed first (not recorded in health)
 _ACQ = fx.AtomicOrdering.Acquire

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mono_aot.spec.layouts import Layout
 from mono_aot.reference.weights import LayerWeights
+from mono_aot.spec.layouts import Layout
 
 KVTransform = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from mono_aot.spec.errors import BadInput
 from mono_aot.reference.fp8 import FP8Format, decode, encode, resolve_format
+from mono_aot.spec.errors import BadInput
 from mono_aot.spec.layouts import Layout
 
 PAD_SLOT = -1

@@ -24,13 +24,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mono_aot.spec.errors import BadInput
+from mono_aot.reference.dense import DenseConfig, DenseDrafter, DenseRequest, KVTransform
 from mono_aot.reference.fp8 import FP8Format, decode, encode, quantize_dequantize, resolve_format
 from mono_aot.reference.kvcache import encode_kv, fp32_scale
-from mono_aot.spec.layouts import Layout
-from mono_aot.reference.dense import DenseConfig, DenseDrafter, DenseRequest, KVTransform
 from mono_aot.reference.step import StepInputs
 from mono_aot.reference.weights import LayerWeights, RankWeights, pack_model
+from mono_aot.spec.errors import BadInput
+from mono_aot.spec.layouts import Layout
+from mono_aot.spec.util import ceil_div
 
 _ROW_CHUNK_ELEMS = 1 << 22
 
@@ -253,7 +254,7 @@ def make_problem(
         if r.context < 0 or seq < 0:
             raise BadInput(f"request {i}: negative context or seq_len")
         specs.append((r.context, written, seq))
-    need = [-(-max(seq, ctx + qpr) // B) for ctx, _, seq in specs]
+    need = [ceil_div(max(seq, ctx + qpr), B) for ctx, _, seq in specs]
     total = sum(need) + spare_blocks
     perm = torch.randperm(total, generator=gen).tolist()
     spare = perm[sum(need) :]

@@ -91,11 +91,18 @@ from typing import Literal
 
 import torch
 
-from mono_aot.spec.errors import BadInput
-from mono_aot.reference.fp8 import FP8Format, boundary_distance, code_distance, decode, encode, resolve_format
+from mono_aot.reference.fp8 import (
+    FP8Format,
+    boundary_distance,
+    code_distance,
+    decode,
+    encode,
+    resolve_format,
+)
 from mono_aot.reference.kvcache import check_cache, check_slots, fp32_scale, gather_codes
-from mono_aot.spec.layouts import Layout
 from mono_aot.reference.weights import RankWeights, check_rank_weights
+from mono_aot.spec.errors import BadInput
+from mono_aot.spec.layouts import Layout
 
 Numerics = Literal["float64", "kernel"]
 NUMERICS: tuple[str, ...] = ("float64", "kernel")

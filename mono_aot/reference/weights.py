@@ -33,8 +33,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from mono_aot.spec.errors import BadInput
 from mono_aot.reference.fp8 import FP8Format, decode, encode, resolve_format
+from mono_aot.spec.errors import BadInput
 from mono_aot.spec.layouts import Layout
 
 GEMV_NAMES: tuple[str, ...] = ("qkv_w", "qkv_s", "o_w", "o_s", "gu_w", "gu_s", "d_w", "d_s")

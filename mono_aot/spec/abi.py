@@ -8,8 +8,12 @@ and allocates buffers by it). Plain Python: importing it never imports FlyDSL.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from mono_aot.spec.layouts import Layout, Variant, align_up
+from mono_aot.spec.util import align_up, ceil_div
+
+if TYPE_CHECKING:  # the layout calls into this module (scratch_bytes, peer_bytes): no cycle
+    from mono_aot.spec.layouts import Layout, Variant
 
 
 @dataclass(frozen=True)
@@ -219,7 +223,7 @@ def mbox_rows(layout: Layout) -> int:
     """Row stride of a mailbox block: the most hidden rows one workgroup owns in the balanced
     split over the layout's targets, rounded up to whole 16-byte vectors of bf16."""
     h = layout.model.hidden
-    return align_up(max(-(-h // t.ctas) for t in layout.targets.values()), 8)
+    return align_up(max(ceil_div(h, t.ctas) for t in layout.targets.values()), 8)
 
 
 def mbox_tokens(layout: Layout) -> int:

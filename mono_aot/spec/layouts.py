@@ -7,8 +7,6 @@ here, computed in one place, so neither the kernels nor the runner type a number
 
 from __future__ import annotations
 
-import hashlib
-import json
 import tomllib
 from collections.abc import Iterable, Mapping
 from functools import cached_property
@@ -17,8 +15,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from mono_aot.spec import abi
 from mono_aot.spec.arch import ARCHS, SUPPORTED_ARCHS
 from mono_aot.spec.errors import LayoutError
+from mono_aot.spec.util import canonical_json, sha256_hex
 
 LAYOUT_SCHEMA_VERSION = 1
 VARIANTS: tuple[str, ...] = ("narrow", "wide")
@@ -179,16 +179,12 @@ class Layout(_Strict):
 
     def scratch_bytes(self, variant: Variant) -> int:
         """Bytes of the scratch buffer one launch of ``variant`` needs (``mono_aot.spec.abi``)."""
-        from mono_aot.spec.abi import scratch_plan
-
-        return scratch_plan(self, variant).total
+        return abi.scratch_plan(self, variant).total
 
     @property
     def peer_bytes(self) -> int:
         """Bytes of each rank's peer (all-reduce mailbox) buffer (``mono_aot.spec.abi``)."""
-        from mono_aot.spec.abi import peer_plan
-
-        return peer_plan(self).total
+        return abi.peer_plan(self).total
 
     @property
     def archs(self) -> tuple[str, ...]:
@@ -223,12 +219,12 @@ class Layout(_Strict):
         return out
 
     def canonical_json(self) -> str:
-        return json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"), allow_nan=False)
+        return canonical_json(self.canonical())
 
     @cached_property
     def digest(self) -> str:
         """sha256 of the canonical JSON: equal for specs that generate the same code."""
-        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+        return sha256_hex(self.canonical_json())
 
 
 def _rule_problems(lay: Layout) -> Iterable[tuple[str, str]]:
@@ -376,21 +372,11 @@ def json_schema() -> dict[str, Any]:
     return Layout.model_json_schema()
 
 
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def align_up(n: int, a: int) -> int:
-    return ceil_div(n, a) * a
-
-
 __all__ = [
     "LAYOUT_SCHEMA_VERSION",
     "VARIANTS",
     "Layout",
     "Variant",
-    "align_up",
-    "ceil_div",
     "json_schema",
     "load_layout",
     "parse_layout",

@@ -12,8 +12,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from mono_aot.spec.util import HEX64, canonical_json
+
 ENTRY_SCHEMA_VERSION = 1
-HEX64 = r"^[0-9a-f]{64}$"
+HEX64_PATTERN = HEX64.pattern
 
 
 class _Doc(BaseModel):
@@ -21,7 +23,7 @@ class _Doc(BaseModel):
 
 
 class BlobRef(_Doc):
-    sha256: str = Field(pattern=HEX64)
+    sha256: str = Field(pattern=HEX64_PATTERN)
     size: int = Field(gt=0)
 
 
@@ -74,7 +76,7 @@ class Provenance(_Doc):
 
 class Entry(_Doc):
     schema_version: Literal[1] = ENTRY_SCHEMA_VERSION
-    key: str = Field(pattern=HEX64)
+    key: str = Field(pattern=HEX64_PATTERN)
     variant: str
     arch: str
     layout: str  # the layout's name (informative; its canonical form is in lookup_inputs)
@@ -116,9 +118,7 @@ class EntryUnknownSchema(Exception):
 
 
 def _compact(doc: Any) -> bytes:
-    return json.dumps(
-        doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
-    ).encode()
+    return canonical_json(doc).encode()
 
 
 def _pretty(doc: Any) -> bytes:

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from mono_aot.spec.errors import BadInput, MonoError
+from mono_aot.spec.util import HEX64
 from mono_aot.store._fs import atomic_write, makedirs, read_file
 from mono_aot.store.entry import Entry, EntryCorrupt, EntryUnknownSchema, decode_entry, encode_entry
 from mono_aot.store.lock import store_lock
@@ -31,7 +32,6 @@ from mono_aot.store.lock import store_lock
 log = logging.getLogger("mono_aot.store")
 
 STORE_DIR = "v1"  # the disk layout's version; a new layout gets a new directory
-_HEX64 = re.compile(r"[0-9a-f]{64}")
 _SHARD = re.compile(r"[0-9a-f]{2}")
 
 # Layer kinds: where a root came from.
@@ -56,7 +56,7 @@ class StoreReadOnly(MonoError):
 
 def check_key(key: object, what: str = "store key") -> str:
     """``key`` if it is a 64-digit lowercase hex sha256; BadInput naming it otherwise."""
-    if not isinstance(key, str) or not _HEX64.fullmatch(key):
+    if not isinstance(key, str) or not HEX64.fullmatch(key):
         raise BadInput(f"{what} {key!r} is not a sha256 (64 lowercase hex digits)")
     return key
 
@@ -134,7 +134,7 @@ class Layer:
                 continue
             for name in names:
                 stem = name[: len(name) - len(suffix)] if name.endswith(suffix) else None
-                if stem and _HEX64.fullmatch(stem) and stem.startswith(s):
+                if stem and HEX64.fullmatch(stem) and stem.startswith(s):
                     yield stem
 
     def keys(self, prefix: str = "") -> Iterator[str]:

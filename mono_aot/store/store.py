@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mono_aot.spec.errors import BadInput, MonoError
-from mono_aot.store.paths import extra_store_roots, is_writable_dir, user_cache_root
 from mono_aot.store.entry import Entry
 from mono_aot.store.gc import Cleared, GcPlan, clear_layer, gc_layer
 from mono_aot.store.layer import (
@@ -27,6 +26,7 @@ from mono_aot.store.layer import (
 )
 from mono_aot.store.lock import key_lock
 from mono_aot.store.packs import pack_roots
+from mono_aot.store.paths import extra_store_roots, is_writable_dir, user_cache_root
 
 BuildFn = Callable[[], tuple[Entry, bytes]]
 Accept = Callable[[Entry], bool]

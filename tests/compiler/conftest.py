@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mono_aot.keys import directory_provider
+from mono_aot.compiler.inputs import directory_provider
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 DEMO = f"{FIXTURES / 'demo'}:demo_kernels"

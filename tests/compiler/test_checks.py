@@ -9,7 +9,6 @@ import zlib
 
 import pytest
 
-from mono_aot.spec.arch import arch_info
 from mono_aot.compiler.checks import Expectation, check, coresidency
 from mono_aot.compiler.codeobject import CodeObjectError, KernelMeta, parse_code_object
 from mono_aot.compiler.extract import (
@@ -20,6 +19,7 @@ from mono_aot.compiler.extract import (
     read_artifact_state,
     unescape_mlir_string,
 )
+from mono_aot.spec.arch import arch_info
 
 from .conftest import store_files
 

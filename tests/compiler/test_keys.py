@@ -12,17 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from mono_aot.compiler.inputs import build_inputs, directory_provider, installed_package_digest
 from mono_aot.compiler.plan import current_toolchain, plan_jobs
-from mono_aot.spec.errors import BadInput
-from mono_aot.keys import (
-    build_inputs,
-    directory_provider,
-    installed_package_digest,
-    lookup_key,
-    real_provider,
-)
-from mono_aot.spec.layouts import load_layout, parse_layout, shipped_layout_paths
 from mono_aot.compiler.toolchain import find_linker, probe
+from mono_aot.keys import lookup_key, real_provider
+from mono_aot.spec.errors import BadInput
+from mono_aot.spec.layouts import load_layout, parse_layout, shipped_layout_paths
 
 from .conftest import FIXTURES
 
@@ -158,7 +153,9 @@ def test_any_kernel_source_edit_changes_the_key(provider):
 def test_real_provider_sources_cover_kernels_and_contract():
     prov = real_provider()
     rels = [rel for rel, _ in prov.sources]
-    assert {"mono_aot/spec/abi.py", "mono_aot/spec/layouts.py", "mono_aot/spec/arch.py"} <= set(rels)
+    assert {"mono_aot/spec/abi.py", "mono_aot/spec/layouts.py", "mono_aot/spec/arch.py"} <= set(
+        rels
+    )
     assert all(r.startswith("mono_aot/") and r.endswith(".py") for r in rels)
     assert not any("__pycache__" in r for r in rels)
     kernels = Path(real_provider().sources[0][1]).parent / "kernels"
@@ -171,11 +168,16 @@ def test_real_provider_sources_cover_kernels_and_contract():
 def test_project_modules_the_kernels_import_are_sources(provider):
     src = provider.search_path / "demo_kernels.py"
     src.write_text(
-        src.read_text() + "\n\ndef _unused():\n    from mono_aot.store.paths import user_cache_root\n"
+        src.read_text()
+        + "\n\ndef _unused():\n    from mono_aot.store.paths import user_cache_root\n"
         "    import mono_aot.compiler.toolchain\n"
     )
     rels = {rel for rel, _ in directory_provider(provider.search_path, "demo_kernels").sources}
-    assert {"mono_aot/store/paths.py", "mono_aot/compiler/toolchain.py", "mono_aot/spec/errors.py"} <= rels
+    assert {
+        "mono_aot/store/paths.py",
+        "mono_aot/compiler/toolchain.py",
+        "mono_aot/spec/errors.py",
+    } <= rels
     assert "provider/demo_kernels.py" in rels
     assert not any(r.startswith("tests/") for r in rels)
 

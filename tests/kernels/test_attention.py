@@ -23,11 +23,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mono_aot.compiler import compile_kernel, disassemble
+from mono_aot.compiler.inputs import directory_provider
 from mono_aot.spec import abi
 from mono_aot.spec.arch import arch_info, base_arch
-from mono_aot.compiler import compile_kernel, disassemble
 from mono_aot.spec.errors import MonoUnsupported
-from mono_aot.keys import directory_provider
 from mono_aot.spec.layouts import Layout, parse_layout, resolve_layout, shipped_layout_dir
 
 LAYOUT_NAME = "minimax-m3-dspark-tp4"

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from mono_aot.spec import abi
-from mono_aot.spec.arch import arch_info
 from mono_aot.compiler import CompileResult, compile_kernel
 from mono_aot.compiler.checks import Expectation, check
 from mono_aot.kernels import KERNEL_NAMES
 from mono_aot.keys import real_provider
+from mono_aot.spec import abi
+from mono_aot.spec.arch import arch_info
 from mono_aot.spec.layouts import resolve_layout
 
 LAYOUT = "minimax-m3-dspark-tp4"

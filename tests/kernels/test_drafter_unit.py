@@ -11,11 +11,11 @@ import sys
 import pytest
 import torch
 
+from mono_aot import selftest as st
+from mono_aot.kernels import KERNEL_NAMES, build_wide, trace_args
+from mono_aot.reference.fp8 import boundary_distance, encode, resolve_format
 from mono_aot.spec import abi
 from mono_aot.spec.errors import BadInput
-from mono_aot.reference.fp8 import boundary_distance, encode, resolve_format
-from mono_aot.kernels import KERNEL_NAMES, build_wide, trace_args
-from mono_aot import selftest as st
 from mono_aot.spec.layouts import resolve_layout
 
 LAY = resolve_layout("minimax-m3-dspark-tp4")
@@ -198,8 +198,8 @@ def test_selftest_verdicts_on_a_small_layout(tmp_path):
     tolerance of the float64 one, and its caches are the expected ones)."""
     import torch
 
-    from mono_aot.spec.layouts import parse_layout
     from mono_aot.reference import random_model
+    from mono_aot.spec.layouts import parse_layout
 
     doc = LAY.model_dump(mode="json")
     doc["model"].update(layers=2, hidden=1024, mlp=2048)

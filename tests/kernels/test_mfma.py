@@ -24,11 +24,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from mono_aot.reference import fp8
-from mono_aot.spec.arch import ARCHS
 from mono_aot.kernels import mfma
-from mono_aot.spec.layouts import resolve_layout
+from mono_aot.reference import fp8
 from mono_aot.reference.weights import quantize_rows
+from mono_aot.spec.arch import ARCHS
+from mono_aot.spec.layouts import resolve_layout
 
 LAYOUT = "minimax-m3-dspark-tp4"
 ARCH_LIST = ("gfx942", "gfx950")
@@ -305,7 +305,7 @@ def builds(tmp_path_factory):
     """{(arch, mode): CompileResult} for the standalone kernel (and the perm probe), compiled
     two at a time."""
     from mono_aot.compiler import compile_kernel
-    from mono_aot.keys import directory_provider
+    from mono_aot.compiler.inputs import directory_provider
 
     root = tmp_path_factory.mktemp("mfma-build")
     pdir = root / "provider"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mono_aot.spec.errors import BadInput
 from mono_aot.reference.fp8 import E4M3FN, E4M3FNUZ, decode, encode
 from mono_aot.reference.kvcache import (
     cache_shape,
@@ -17,6 +16,7 @@ from mono_aot.reference.kvcache import (
     write_codes,
     write_kv,
 )
+from mono_aot.spec.errors import BadInput
 from tests.reference.helpers import shipped_one_layer, small_layout
 
 LAY = small_layout(model={"heads": 16, "kv_heads": 8})  # two KV heads per rank

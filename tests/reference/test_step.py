@@ -7,12 +7,12 @@ import dataclasses
 import pytest
 import torch
 
-from mono_aot.spec.errors import BadInput
-from mono_aot.reference.fp8 import boundary_distance, encode
 from mono_aot.reference import RequestSpec, make_problem, max_rel_error, run_tp, step_rank
 from mono_aot.reference.dense import apply_partial_rope, rms_norm
+from mono_aot.reference.fp8 import boundary_distance, encode
 from mono_aot.reference.step import StepInputs, kv_agreement, norm_rel_error, rank_step
 from mono_aot.reference.weights import dequantize_rows
+from mono_aot.spec.errors import BadInput
 from tests.reference.helpers import small_layout
 
 LAY = small_layout()

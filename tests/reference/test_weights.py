@@ -7,7 +7,6 @@ import dataclasses
 import pytest
 import torch
 
-from mono_aot.spec.errors import BadInput
 from mono_aot.reference.fp8 import E4M3FN, E4M3FNUZ, decode, encode
 from mono_aot.reference.problem import exact_weight, random_model
 from mono_aot.reference.weights import (
@@ -21,6 +20,7 @@ from mono_aot.reference.weights import (
     shard_layer,
     unshard,
 )
+from mono_aot.spec.errors import BadInput
 from tests.reference.helpers import shipped_one_layer, small_layout
 
 FORMATS = [E4M3FNUZ, E4M3FN]
