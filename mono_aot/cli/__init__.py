@@ -1,31 +1,48 @@
-"""The ``mono-aot`` command line. Exit codes: 0 ok, 1 an operation failed, 2 bad input or usage."""
+"""The ``mono-aot`` command line. Exit codes live in ``mono_aot/spec/errors.py``.
+
+Commands load lazily from ``COMMANDS``: ``mono-aot layouts|cache|doctor`` start without
+importing torch, FlyDSL or the kernels, and work on a serving install without the build extra;
+commands that need the compiler say which extra to install.
+"""
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import click
 
 from mono_aot import __version__
 from mono_aot.cli._common import run_main
-from mono_aot.cli.build import build
-from mono_aot.cli.cache import cache
-from mono_aot.cli.doctor import doctor
-from mono_aot.cli.layouts import layouts
-from mono_aot.cli.selftest import selftest
+
+# name -> "module:attribute" of its click command, in the order ``--help`` lists them
+COMMANDS: dict[str, str] = {
+    "layouts": "mono_aot.cli.layouts:layouts",
+    "build": "mono_aot.cli.build:build",
+    "cache": "mono_aot.cli.cache:cache",
+    "doctor": "mono_aot.cli.doctor:doctor",
+    "selftest": "mono_aot.cli.selftest:selftest",
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported only when one is run or its help is shown."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module, _, attr = target.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="mono-aot")
 def cli() -> None:
     """Ahead-of-time builds and a verified artifact store for the drafter megakernels."""
-
-
-cli.add_command(layouts)
-cli.add_command(build)
-cli.add_command(doctor)
-cli.add_command(cache)
-cli.add_command(selftest)
 
 
 def main(argv: list[str] | None = None) -> None:

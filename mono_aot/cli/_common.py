@@ -3,14 +3,63 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from typing import Any
 
 import click
 
-from mono_aot.spec.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, MonoError
+from mono_aot.spec.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    BadInput,
+    MissingExtra,
+    MonoError,
+)
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+
+# How the library's field names are spelled on the command line.
+OPTION_OF_FIELD = {"arch": "--arch", "variant": "--variant", "layout": "--layout"}
+# Library errors that a command-line option fixes, and the hint that says so.
+_HINTS = {"StoreReadOnly": "(or pass --store DIR to a command that takes it)"}
+
+
+def require_module(module: str, what: str, extra: str) -> None:
+    """``MissingExtra`` (one line, exit 2) when ``module`` is not installed; never imports it."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise MissingExtra(what, extra)
+
+
+def error_lines(e: MonoError) -> list[str]:
+    """The error as the terminal shows it: options in the CLI's spelling, hints appended."""
+    if isinstance(e, BadInput) and e.field in OPTION_OF_FIELD:
+        text = f"{OPTION_OF_FIELD[e.field]} {e.value}: {e.problem}"
+    else:
+        text = str(e)
+    hint = _HINTS.get(type(e).__name__)
+    if hint:
+        text = f"{text} {hint}"
+    return text.splitlines() or [type(e).__name__]
+
+
+class _Prefixed(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return "\n".join(f"mono-aot: {line}" for line in super().format(record).splitlines())
+
+
+def configure_logging() -> None:
+    """Library warnings (store damage, lock waits, skipped packs) as ``mono-aot: ...`` lines."""
+    logger = logging.getLogger("mono_aot")
+    if not any(getattr(h, "_mono_aot_cli", False) for h in logger.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(_Prefixed("%(message)s"))
+        handler._mono_aot_cli = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
 
 
 def emit_json(doc: Any) -> None:
@@ -35,6 +84,7 @@ def _one_line(e: click.ClickException) -> str:
 
 def run_main(group: click.Group, argv: list[str] | None) -> int:
     """Run ``group``; MonoError becomes its exit code and a message, never a traceback."""
+    configure_logging()
     try:
         group.main(args=argv, prog_name="mono-aot", standalone_mode=False)
     except click.exceptions.Exit as e:
@@ -53,7 +103,7 @@ def run_main(group: click.Group, argv: list[str] | None) -> int:
         click.echo(f"mono-aot: {_one_line(e)}", err=True)
         return EXIT_BAD_INPUT if isinstance(e, click.UsageError) else e.exit_code
     except MonoError as e:
-        for line in str(e).splitlines() or [type(e).__name__]:
+        for line in error_lines(e):
             click.echo(f"mono-aot: {line}", err=True)
         return e.exit_code
     except KeyboardInterrupt:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
-from mono_aot.cli._common import emit_json, json_option
-from mono_aot.spec.errors import BadInput, MonoError
+from mono_aot.cli._common import emit_json, json_option, require_module
+from mono_aot.spec.errors import EXIT_TERMINATED, BadInput, MonoError
 from mono_aot.spec.layouts import VARIANTS
 
 
@@ -110,6 +110,7 @@ def build(
 
     Exit status: 0 when every job is a hit or was built, 1 when any failed, 2 for bad input.
     """
+    require_module("flydsl", "mono-aot build", "build")
     from mono_aot.compiler.compile import DEFAULT_TIMEOUT_S
     from mono_aot.compiler.plan import current_toolchain, plan_jobs, select_layouts, stale_reason
     from mono_aot.compiler.run import FAILED, run_jobs
@@ -167,13 +168,13 @@ def build(
         if bar is not None:
             bar.update(1, res)
         elif not as_json:
-            click.echo(res.line())
+            click.echo(_result_line(res))
 
     def on_sigterm(signum, frame) -> None:
         # like Ctrl-C: run_jobs stops every worker (they run in their own sessions, so a
         # SIGTERM to this process alone would leave them compiling as orphans)
         click.echo("mono-aot: terminated", err=True)
-        raise SystemExit(128 + signal.SIGTERM)
+        raise SystemExit(EXIT_TERMINATED)
 
     old_term = signal.signal(signal.SIGTERM, on_sigterm)
     try:
@@ -207,7 +208,7 @@ def build(
     else:
         if bar is not None:
             for r in results:
-                click.echo(r.line())
+                click.echo(_result_line(r))
         _table(results)
         click.echo(
             f"{summary['jobs']} jobs: {counts['hit']} hit, {counts['built']} built, "
@@ -218,6 +219,18 @@ def build(
         raise MonoError(
             f"{len(failed)} of {len(results)} jobs failed: {', '.join(r.job.name for r in failed)}"
         )
+
+
+def _result_line(res) -> str:
+    from mono_aot.compiler.run import BUILT, HIT, REBUILT
+
+    name = res.job.name
+    if res.status == HIT:
+        return f"hit      {name}  {res.job.key[:12]}"
+    if res.status in (BUILT, REBUILT):
+        extra = f" (stale: {res.reason})" if res.status == REBUILT else ""
+        return f"{res.status:<8} {name}  {res.job.key[:12]}  in {res.seconds:.1f} s{extra}"
+    return f"failed   {name}: {res.reason}"
 
 
 def _table(results) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from mono_aot.cli._common import emit_json, json_option
-from mono_aot.spec.errors import BadInput, MonoError
+from mono_aot.spec.errors import EXIT_FAILED, BadInput, MonoError
 from mono_aot.spec.util import HEX64
 from mono_aot.store import Store
 from mono_aot.store.layer import MISSING
@@ -80,7 +80,9 @@ def ls_cmd(ctx: click.Context, as_json: bool) -> None:
     rows = []
     for item in store.listing():
         if item.entry is None:
-            click.echo(f"{item.problem.message()} (run `mono-aot cache verify`)", err=True)
+            click.echo(
+                f"mono-aot: {item.problem.message()} (run `mono-aot cache verify`)", err=True
+            )
             continue
         e = item.entry
         rows.append(
@@ -205,18 +207,17 @@ def verify_cmd(ctx: click.Context, keys: tuple[str, ...], all_layers: bool, as_j
             }
         )
     else:
-        # message() is worded as a warning ("mono-aot: ..."); here it is a row of the report
         for p in report.skipped:
-            click.echo(f"skipped  {p.message().removeprefix('mono-aot: ')}")
+            click.echo(f"skipped  {p.message()}")
         for p in report.problems:
             label = "MISSING" if p.kind == MISSING else p.kind.upper()
-            click.echo(f"{label}  {p.message().removeprefix('mono-aot: ')}")
+            click.echo(f"{label}  {p.message()}")
         click.echo(
             f"{report.ok} verified, {len(report.problems)} problems"
             + (f", {len(report.skipped)} of another schema version" if report.skipped else "")
         )
     if report.problems:
-        sys.exit(1)
+        sys.exit(EXIT_FAILED)
 
 
 @cache.command("gc")

@@ -1,23 +1,7 @@
 """Ahead-of-time builds: compile kernels in subprocesses, check the code objects, publish them.
 
-Nothing here is imported by the runtime; FlyDSL is imported only inside the worker subprocess.
+Nothing here is imported by the runtime; FlyDSL is imported only inside the worker subprocess
+(``mono_aot/compiler/worker.py``). This file imports nothing, so that ``mono-aot doctor`` can use
+``mono_aot.compiler.toolchain`` on an install without the build extra (no msgpack, no
+pyelftools): import the submodules (``compile``, ``plan``, ``run``, ``codeobject``) directly.
 """
-
-from mono_aot.compiler.codeobject import (
-    CodeObjectError,
-    CodeObjectInfo,
-    KernelMeta,
-    parse_code_object,
-)
-from mono_aot.compiler.compile import CompileError, CompileResult, compile_kernel, disassemble
-
-__all__ = [
-    "CodeObjectError",
-    "CodeObjectInfo",
-    "CompileError",
-    "CompileResult",
-    "KernelMeta",
-    "compile_kernel",
-    "disassemble",
-    "parse_code_object",
-]

@@ -40,7 +40,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from mono_aot.compiler.codeobject import CodeObjectError, CodeObjectInfo, parse_code_object
 from mono_aot.compiler.protocol import CODE_FILE, ISA_FILE, RESULT_FILE, WORKER_PROTOCOL
@@ -152,18 +152,14 @@ def compile_kernel(
     *,
     linker: Linker | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
-    mode: Literal["compile", "isa"] = "compile",
 ) -> CompileResult:
     """Compile ``variant`` of ``provider`` for ``layout`` on ``arch`` in a subprocess.
 
     ``out_dir`` (created, should be empty) receives the worker's files: the request,
     ``code.hsaco``, ``isa.s``, ``result.json``, ``stderr.txt``, the ISA dump and an empty FlyDSL
     cache. Raises ``CompileError`` with the tail of the worker's stderr when the worker fails in
-    any way. ``mode`` is kept for callers of the two-compile API: every compile now returns the
-    code object, its metadata and the ISA, whichever mode is named.
+    any way. One compile gives the code object, its metadata and the ISA.
     """
-    if mode not in ("compile", "isa"):
-        raise ValueError(f"mode must be 'compile' or 'isa', not {mode!r}")
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     linker = linker or find_linker()

@@ -75,7 +75,7 @@ def select_layouts(names: Sequence[str]) -> list[Layout]:
     """``--layout NAME|PATH`` values, or every shipped layout; duplicates by name refused."""
     lays = [resolve_layout(n) for n in names] if names else shipped_layouts()
     if not lays:
-        raise BadInput("no layouts: none are shipped and no --layout was given")
+        raise BadInput("no layouts: none are shipped and none was named")
     seen: dict[str, Layout] = {}
     for lay in lays:
         if lay.name in seen and seen[lay.name] != lay:
@@ -94,11 +94,13 @@ def plan_jobs(
     """One job per (layout, arch, variant); BadInput names the layout and arch or variant."""
     for a in archs:
         if a not in SUPPORTED_ARCHS:
-            raise BadInput(f"--arch {a}: unknown arch (supported: {', '.join(SUPPORTED_ARCHS)})")
+            raise BadInput(
+                f"unknown arch (supported: {', '.join(SUPPORTED_ARCHS)})", field="arch", value=a
+            )
     for v in variants:
         if v not in VARIANTS:
             raise BadInput(
-                f"--variant {v}: unknown variant (expected one of {', '.join(VARIANTS)})"
+                f"unknown variant (expected one of {', '.join(VARIANTS)})", field="variant", value=v
             )
     try:
         src = provider.source_digest()

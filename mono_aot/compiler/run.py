@@ -7,7 +7,6 @@ store (threads or processes) compile each key once.
 
 from __future__ import annotations
 
-import hashlib
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
@@ -30,6 +29,7 @@ from mono_aot.compiler.compile import (
 from mono_aot.compiler.plan import Job, Toolchain, contract_kernargs, stale_reason
 from mono_aot.keys import Provider
 from mono_aot.spec.errors import MonoError
+from mono_aot.spec.util import sha256_hex
 from mono_aot.store import Entry, Store
 from mono_aot.store.entry import BlobRef, ElfInfo, KernargSlot, Launch, Provenance, Resources
 
@@ -56,15 +56,6 @@ class JobResult:
     blob_sha256: str | None = None
     layer: str | None = None
     entry: Entry | None = field(default=None, repr=False)
-
-    def line(self) -> str:
-        name = self.job.name
-        if self.status == HIT:
-            return f"hit      {name}  {self.job.key[:12]}"
-        if self.status in (BUILT, REBUILT):
-            extra = f" (stale: {self.reason})" if self.status == REBUILT else ""
-            return f"{self.status:<8} {name}  {self.job.key[:12]}  in {self.seconds:.1f} s{extra}"
-        return f"failed   {name}: {self.reason}"
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -93,7 +84,7 @@ def make_entry(
         layout=job.layout.name,
         lookup_inputs=job.lookup_inputs,
         build_inputs=job.build_inputs,
-        blob=BlobRef(sha256=hashlib.sha256(res.code_object).hexdigest(), size=len(res.code_object)),
+        blob=BlobRef(sha256=sha256_hex(res.code_object), size=len(res.code_object)),
         symbol=k.name,
         launch=Launch(
             grid=job.layout.ctas(job.arch),

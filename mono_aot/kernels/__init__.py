@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from mono_aot.kernels.names import KERNEL_NAMES
 from mono_aot.spec import abi
 from mono_aot.spec.errors import BadInput
 from mono_aot.spec.layouts import Layout
-
-KERNEL_NAMES: dict[str, str] = {"narrow": "mono_drafter_narrow", "wide": "mono_drafter_wide"}
 
 
 def _spec(layout: Layout, arch: str, variant: str, wait_ticks: int, gemm: str | None):

@@ -31,8 +31,9 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.expr import const_expr
 
-from mono_aot.kernels import KERNEL_NAMES, allreduce, attention, gemv, pointwise, sync
+from mono_aot.kernels import allreduce, attention, gemv, pointwise, sync
 from mono_aot.kernels.common import TABLE_WORDS, KernelCtx, gptr, publish
+from mono_aot.kernels.names import KERNEL_NAMES
 from mono_aot.spec import abi
 from mono_aot.spec.errors import BadInput, MonoUnsupported
 from mono_aot.spec.layouts import Layout, Variant

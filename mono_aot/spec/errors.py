@@ -1,11 +1,17 @@
-"""One exception family, so the CLI maps every failure to a documented exit code."""
+"""One exception family and the exit codes it maps to: the one home of both.
+
+The library raises these with structured facts (the field and value that were wrong); the CLI
+(``mono_aot/cli/``) words them for a terminal and turns them into exit codes.
+"""
 
 from __future__ import annotations
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # an operation failed (compile, check, verify, I/O)
-EXIT_BAD_INPUT = 2  # bad input or usage (spec, option, unknown name)
+EXIT_BAD_INPUT = 2  # bad input or usage (spec, option, unknown name, a missing extra)
+EXIT_NO_DEVICE = 3  # selftest only: no usable GPUs here, nothing was tested
 EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT), as shells report it
+EXIT_TERMINATED = 143  # SIGTERM, as shells report it
 
 
 class MonoError(Exception):
@@ -15,9 +21,19 @@ class MonoError(Exception):
 
 
 class BadInput(MonoError):
-    """The user's input (a spec, an option, a name) is wrong."""
+    """The user's input (a spec, an option, a name) is wrong.
+
+    ``field`` and ``value`` name what was wrong in the caller's terms (``arch``, ``gfx940``),
+    so a front end can point at its own spelling of it (the CLI says ``--arch gfx940``).
+    """
 
     exit_code = EXIT_BAD_INPUT
+
+    def __init__(self, problem: str, *, field: str | None = None, value: object = None) -> None:
+        self.problem = problem
+        self.field = field
+        self.value = value
+        super().__init__(f"{field} {value}: {problem}" if field else problem)
 
 
 class LayoutError(BadInput):
@@ -30,6 +46,15 @@ class LayoutError(BadInput):
 
 class ToolchainError(MonoError):
     """A build tool (linker, FlyDSL) is missing or unusable."""
+
+
+class MissingExtra(BadInput):
+    """This install lacks an optional part (``pip install 'mono-aot[EXTRA]'``)."""
+
+    def __init__(self, what: str, extra: str) -> None:
+        self.what = what
+        self.extra = extra
+        super().__init__(f"{what} needs the {extra!r} extra: pip install 'mono-aot[{extra}]'")
 
 
 class MonoUnsupported(MonoError):

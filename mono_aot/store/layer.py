@@ -240,12 +240,12 @@ class Layer:
             makedirs(dest.parent)
             os.rename(path, dest)
         except OSError as e:
-            log.warning("mono-aot: could not quarantine %s: %s", path, e)
+            log.warning("could not quarantine %s: %s", path, e)
             return None
         try:
             atomic_write(dest.with_name(dest.name + ".reason"), f"{path}\n{reason}\n".encode())
         except OSError as e:  # the move is what matters; the note is a courtesy
-            log.debug("mono-aot: no reason note for %s: %s", dest, e)
+            log.debug("no reason note for %s: %s", dest, e)
         return dest
 
     # --- writing ---------------------------------------------------------------------------
@@ -329,7 +329,7 @@ class Problem:
 
     def message(self) -> str:
         if self.kind == MISSING:
-            return f"mono-aot: {self.reason}"
+            return self.reason
         if self.moved_to is not None:
             action = f"moved to {self.moved_to}"
         elif self.kind in _DAMAGE and not self.layer.writable:
@@ -337,7 +337,7 @@ class Problem:
         else:
             action = "ignored"
         what = f"{self.path.name}" if self.key is None else f"{self.key[:16]}... ({self.path})"
-        return f"mono-aot: {self.layer.label} {self.layer.root}: {what}: {self.reason}; {action}"
+        return f"{self.layer.label} {self.layer.root}: {what}: {self.reason}; {action}"
 
     def as_json(self) -> dict:
         return {

@@ -79,7 +79,7 @@ def key_lock(
             now = time.monotonic()
             if now >= next_notice:
                 log.warning(
-                    "mono-aot: waiting %.0fs for %s: lock %s is held by %s",
+                    "waiting %.0fs for %s: lock %s is held by %s",
                     now - start,
                     what,
                     path,

@@ -38,7 +38,7 @@ def pack_roots() -> list[tuple[str, Path]]:
             out.append((ep.name, Path(os.fspath(root))))
         except Exception as e:  # a broken pack must not break lookups
             log.warning(
-                "mono-aot: pack entry point %r (%s) in group %s skipped: %s: %s (it must give a "
+                "pack entry point %r (%s) in group %s skipped: %s: %s (it must give a "
                 "store root path, or a callable with no arguments returning one)",
                 ep.name,
                 ep.value,

@@ -120,7 +120,7 @@ class Store:
         if layer is None:
             raise StoreReadOnly(
                 f"cannot publish {entry.key}: no writable layer ({self.describe()}); set "
-                "MONO_AOT_CACHE_DIR to a writable directory or pass --store DIR"
+                "MONO_AOT_CACHE_DIR to a writable directory"
             )
         return layer.publish(entry, data)
 
@@ -147,7 +147,7 @@ class Store:
         if layer is None:
             raise StoreReadOnly(
                 f"{self.miss_message(key)}; cannot build it: no layer is writable (set "
-                "MONO_AOT_CACHE_DIR to a writable directory or pass --store DIR)"
+                "MONO_AOT_CACHE_DIR to a writable directory)"
             )
         with key_lock(
             layer.lock_path(key), f"key {key} (another process is building it)", timeout=timeout

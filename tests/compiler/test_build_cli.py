@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mono_aot.compiler import disassemble
+from mono_aot.compiler.compile import disassemble
 from mono_aot.compiler.inputs import directory_provider
 from mono_aot.spec.layouts import shipped_layouts
 from mono_aot.store import Store, encode_entry

@@ -23,7 +23,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mono_aot.compiler import compile_kernel, disassemble
+from mono_aot.compiler.compile import compile_kernel, disassemble
 from mono_aot.compiler.inputs import directory_provider
 from mono_aot.spec import abi
 from mono_aot.spec.arch import arch_info, base_arch

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mono_aot.compiler import CompileResult, compile_kernel
+from mono_aot.compiler.compile import CompileResult, compile_kernel
 from mono_aot.compiler.checks import Expectation, check
 from mono_aot.kernels import KERNEL_NAMES
 from mono_aot.keys import real_provider

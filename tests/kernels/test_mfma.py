@@ -304,7 +304,7 @@ def _standalone_kernargs():
 def builds(tmp_path_factory):
     """{(arch, mode): CompileResult} for the standalone kernel (and the perm probe), compiled
     two at a time."""
-    from mono_aot.compiler import compile_kernel
+    from mono_aot.compiler.compile import compile_kernel
     from mono_aot.compiler.inputs import directory_provider
 
     root = tmp_path_factory.mktemp("mfma-build")
@@ -320,7 +320,7 @@ def builds(tmp_path_factory):
     def run(job):
         arch, mode = job
         if mode == "perm":
-            return compile_kernel(prov, "perm", lay, arch, root / "perm", mode="isa")
+            return compile_kernel(prov, "perm", lay, arch, root / "perm")
         return compile_kernel(prov, "wide", lay, arch, root / f"{arch}-{mode}", mode=mode)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
