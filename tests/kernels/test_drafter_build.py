@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from mono_aot.compiler.compile import CompileResult, compile_kernel
 from mono_aot.compiler.checks import Expectation, check
+from mono_aot.compiler.compile import CompileResult, compile_kernel
 from mono_aot.kernels import KERNEL_NAMES
 from mono_aot.keys import real_provider
 from mono_aot.spec import abi
