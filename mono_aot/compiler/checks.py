@@ -1,4 +1,4 @@
-"""The rules a compiled kernel must pass before it is published (issue 6, "Check").
+"""The rules a compiled kernel must pass before it is published (README, "Builds", step 6).
 
 Each failed rule is a ``Violation`` naming the kernel, the arch, the rule and the numbers that
 broke it. The rules are pure functions of the compile result and the job, so they are tested

@@ -5,7 +5,7 @@ It spawns ``python -m mono_aot.compiler.worker`` in the output directory with an
 from scratch (nothing inherited but the interpreter), a private empty FlyDSL cache, and
 ``ROCM_PATH`` pointing at a folder whose ``llvm/bin/ld.lld`` runs the chosen linker.
 
-Why the bytes are reproducible (issue 6). FlyDSL's LLVM optimisation pipeline (O1 and up; O0 is
+Why the bytes are reproducible (README, "Why builds are reproducible"). FlyDSL's LLVM optimisation pipeline (O1 and up; O0 is
 stable) orders some work by pointer value, so the same MLIR gives different register assignments
 when the heap sits at different addresses: repeating ``gpu-module-to-binary`` on one parsed
 module inside one process gives several different code objects. No FlyDSL or LLVM option turns

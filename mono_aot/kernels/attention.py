@@ -1,4 +1,4 @@
-"""The attention part of a drafter layer as FlyDSL device phases (K2 of issue 5).
+"""The attention part of a drafter layer as FlyDSL device phases (README, "The drafter megakernels", Attention).
 
 Between "the fused qkv projection is in scratch" (fp32 ``[n, qkv_rows_per_rank]``) and "the
 attention output is in scratch" (bf16 ``[n, q_rows_per_rank]``) a layer runs three phases, each

@@ -63,7 +63,7 @@ def exp2(x: Any) -> Any:
 
 def swiglu(k: KernelCtx, gate: Any, up: Any) -> Any:
     """Clamped SwiGLU: ``g * sigmoid(alpha * g) * (u + 1)``, g clamped above at ``limit``, u to
-    ``[-limit, limit]`` (DESIGN.md step 7)."""
+    ``[-limit, limit]`` (README, "The draft step in torch")."""
     lim = float(k.lay.model.swiglu_limit)
     alpha = float(k.lay.model.swiglu_alpha)
     g = fx.Float32(gate)

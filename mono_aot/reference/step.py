@@ -1,6 +1,6 @@
 """The draft step of one TP rank in torch on the CPU: the oracle every kernel is judged against.
 
-``rank_step`` is one rank's step exactly as DESIGN.md defines it, computed from the same tensors
+``rank_step`` is one rank's step exactly as the README's "The draft step in torch" defines it, computed from the same tensors
 the kernels receive (the runner's ``packed`` GEMV tensors, bf16 norm weights, fp32 K/V scales,
 the bf16 ``cos_sin`` cache, the paged uint8 caches, block table, positions, slots, seq_lens).
 It is a generator: at each of a layer's two all-reduces it yields ``(layer, phase, partial)``
@@ -42,7 +42,7 @@ Rounding (``numerics``):
   ``decode(encode(k / k_scale)) * k_scale``. The inputs ``x`` (bf16), norm weights (bf16) and
   ``cos_sin`` (bf16) are used exactly as given. The dense model is compared with this mode to
   1e-10.
-- ``"kernel"``: the kernels' storage points, as ``mono_aot.spec.abi`` lays them out (DESIGN.md:
+- ``"kernel"``: the kernels' storage points, as ``mono_aot.spec.abi`` lays them out (README:
   fp32 math, bf16 storage of activations). Arithmetic between two storage points is float64
   (more accurate than any fp32 summation order, so it is the value every correct kernel
   approximates) and each stored value is rounded to its storage dtype:

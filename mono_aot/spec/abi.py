@@ -27,7 +27,7 @@ class KernelArg:
 
 
 def kernel_args(tp: int) -> tuple[KernelArg, ...]:
-    """The user's runner's ``_launch`` argument list, in order (DESIGN.md, kernel contract)."""
+    """The user's runner's ``_launch`` argument list, in order (README, "The drafter megakernels")."""
     addrs = [
         "x", "out", "tab",
         "qkv_w", "qkv_s", "o_w", "o_s", "gu_w", "gu_s", "d_w", "d_s",

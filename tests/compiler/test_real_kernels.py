@@ -1,7 +1,7 @@
 """``mono-aot build`` on the real kernels (``mono_aot.kernels``): the build's acceptance on them.
 
 Both variants on both archs build and pass the publish rules, building the same inputs into
-another empty store gives byte-identical blobs and equal entries (issue 6), and the issue's
+another empty store gives byte-identical blobs and equal entries, and the issue's
 command run twice reports only hits the second time. Eight real compiles in all: the four of
 the first store, and one more per (variant, arch) for the second stores, of which the gfx942
 one is the acceptance command's own build into an empty default store.
