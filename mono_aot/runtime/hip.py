@@ -62,10 +62,17 @@ _SIGNATURES: dict[str, tuple[object, ...]] = {
     "hipModuleGetFunction": (ctypes.POINTER(_vp), _vp, ctypes.c_char_p),
     "hipModuleUnload": (_vp,),
     "hipModuleLaunchKernel": (
-        _vp, *([ctypes.c_uint] * 7), _vp, ctypes.POINTER(_vp), ctypes.POINTER(_vp),
+        _vp,
+        *([ctypes.c_uint] * 7),
+        _vp,
+        ctypes.POINTER(_vp),
+        ctypes.POINTER(_vp),
     ),  # fmt: skip
     "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor": (
-        ctypes.POINTER(ctypes.c_int), _vp, ctypes.c_int, ctypes.c_size_t,
+        ctypes.POINTER(ctypes.c_int),
+        _vp,
+        ctypes.c_int,
+        ctypes.c_size_t,
     ),  # fmt: skip
     "hipExtMallocWithFlags": (ctypes.POINTER(_vp), ctypes.c_size_t, ctypes.c_uint),
     "hipMemset": (_vp, ctypes.c_int, ctypes.c_size_t),

@@ -155,7 +155,9 @@ def check_kernargs(entry: Entry, tp: int) -> None:
 
 
 _lock = threading.Lock()
-_loaded: dict[tuple[str, int, str], tuple[Any, int, int]] = {}  # (hip, device, key) -> hip, module, fn
+_loaded: dict[
+    tuple[str, int, str], tuple[Any, int, int]
+] = {}  # (hip, device, key) -> hip, module, fn
 
 
 def load_launcher(
@@ -213,7 +215,9 @@ def launcher_for(hit: Hit, device: Device, facts: DeviceFacts, tp: int) -> Launc
             module = hip.module_load_data(hit.data, what)
             try:
                 function = hip.module_get_function(module, entry.symbol)
-                resident = hip.occupancy(function, entry.launch.block, entry.launch.dynamic_lds, what)
+                resident = hip.occupancy(
+                    function, entry.launch.block, entry.launch.dynamic_lds, what
+                )
                 if resident < 1:
                     raise MonoUnsupported(
                         f"{what}: HIP reports {resident} resident workgroups per CU for "

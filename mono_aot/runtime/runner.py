@@ -194,7 +194,9 @@ class DrafterRunner:
             )
         group = tp if isinstance(tp, TPGroup) else (tp or vllm_tp_group)()
         if group.world_size != lay.parallel.tp:
-            raise MonoUnsupported(f"TP {group.world_size}: the kernels are built for TP {lay.parallel.tp}")
+            raise MonoUnsupported(
+                f"TP {group.world_size}: the kernels are built for TP {lay.parallel.tp}"
+            )
         if len(model.layers) != m.layers:
             raise MonoUnsupported(f"{len(model.layers)} draft layers: the kernels run {m.layers}")
         cos_sin = model._rope_cos_sin_cache
@@ -362,7 +364,10 @@ class DrafterRunner:
                 f"{n} tokens: a step carries whole requests of {q} tokens, at most "
                 f"{lay.serving.max_reqs} requests"
             )
-        if tuple(inputs_embeds.shape[1:]) != (lay.model.hidden,) or inputs_embeds.dtype != torch.bfloat16:
+        if (
+            tuple(inputs_embeds.shape[1:]) != (lay.model.hidden,)
+            or inputs_embeds.dtype != torch.bfloat16
+        ):
             raise BadInput(
                 f"inputs_embeds {inputs_embeds.dtype} {tuple(inputs_embeds.shape)}: expected "
                 f"bfloat16 (n, {lay.model.hidden})"

@@ -30,7 +30,18 @@ def stand_in_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.fail("the runtime tests need a C compiler (cc) to build the stand-in HIP library")
     out = tmp_path_factory.mktemp("stand-in-hip") / "libamdhip64.so"
     subprocess.run(
-        [cc, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o", str(out), str(STAND_IN_SOURCE), "-lrt"],
+        [
+            cc,
+            "-shared",
+            "-fPIC",
+            "-O1",
+            "-Wall",
+            "-Werror",
+            "-o",
+            str(out),
+            str(STAND_IN_SOURCE),
+            "-lrt",
+        ],
         check=True,
         timeout=120,
     )
