@@ -10,6 +10,7 @@ compiler the miss is ``MonoUnsupported`` with the same text.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import subprocess
 import sys
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 
 STRICT_ENV = "MONO_AOT_STRICT"
 JIT_TIMEOUT_S = 3600.0
+log = logging.getLogger("mono_aot.runtime")
 
 
 class KernelMissing(MonoError):
@@ -111,6 +113,8 @@ def find_or_build(
             f"the just-in-time build ({cmd}) failed with exit code {p.returncode}: "
             + " | ".join(tail)
         )
+    for line in p.stdout.strip().splitlines():
+        log.info("just-in-time build: %s", line)
     hit = Store.default(env).lookup(key)
     if hit is None:
         raise MonoError(f"the just-in-time build ({cmd}) succeeded but key {key} is still missing")
