@@ -28,7 +28,6 @@ usable set of GPUs the selftest raises ``NoDevice`` (exit code 3) and claims not
 from __future__ import annotations
 
 import ctypes
-import math
 import multiprocessing as mp
 import tempfile
 import time
@@ -38,6 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mono_aot.reference.step import KV_BOUNDARY_TOL as KV_BOUNDARY_TOL
+from mono_aot.reference.step import compare_caches
+from mono_aot.reference.step import norm_rel_error as rel_error
 from mono_aot.spec import abi
 from mono_aot.spec.errors import MonoError
 from mono_aot.spec.layouts import Layout, Variant
@@ -47,10 +49,6 @@ TOLERANCE = 2e-2  # ||out - ref|| / ||ref||
 EXIT_NO_DEVICE = 3
 DEAD_RANK_WAIT_S = 0.5  # the wait bound of the dead-rank kernels (seconds)
 DEFAULT_REPLAYS = 100
-# relative distance from an fp8 rounding boundary under which a kernel's K/V code may
-# legitimately differ from the reference's (fp32 summation order), per layer: the reference's
-# inputs equal the kernel's for layer 0 only
-KV_BOUNDARY_TOL = (1e-4, 3e-3)
 # contexts the problems cycle through: empty, short, around one attention partition, long
 CONTEXTS = (0, 23, 255, 256, 700, 3001, 40, 1500)
 INIT_TIMEOUT_S = 1800.0  # a rank's JIT compiles
@@ -112,49 +110,6 @@ def request_specs(layout: Layout, count: int, salt: int = 0) -> list[Any]:
             seq_len = ctx + qpr // 2
         out.append(RequestSpec(context=ctx, written=written, seq_len=seq_len))
     return out
-
-
-def rel_error(got: Any, want: Any) -> float:
-    """``||got - want|| / ||want||`` (Frobenius, float64); NaN anywhere gives inf."""
-    import torch
-
-    g, w = got.to(torch.float64), want.to(torch.float64)
-    if not bool(torch.isfinite(g).all()):
-        return math.inf
-    denom = float(torch.linalg.vector_norm(w))
-    return float(torch.linalg.vector_norm(g - w)) / (denom if denom > 0 else 1.0)
-
-
-def compare_caches(
-    layout: Layout,
-    fmt: Any,
-    got: Sequence[Any],
-    want: Sequence[Any],
-    slots: Any,
-    prequant: Any,
-) -> tuple[int, int]:
-    """Every cache byte of every layer equals the reference's, except written codes whose
-    pre-encode value is within ``KV_BOUNDARY_TOL`` of an fp8 rounding boundary. Returns
-    ``(bad bytes, tolerated near-boundary differences)``."""
-    import torch
-
-    from mono_aot.reference.fp8 import boundary_distance
-
-    B = layout.serving.kv_block
-    bad = tolerated = 0
-    written = slots >= 0
-    ws = slots[written]
-    for li, (g, w) in enumerate(zip(got, want, strict=True)):
-        diff = g != w
-        if not bool(diff.any()):
-            continue
-        tol = KV_BOUNDARY_TOL[0] if li == 0 else KV_BOUNDARY_TOL[1]
-        near = boundary_distance(prequant[li][written], fmt) < tol  # [written, K, 2D]
-        allowed = torch.zeros_like(diff)
-        allowed[ws // B, :, ws % B, :] = near
-        bad += int((diff & ~allowed).sum())
-        tolerated += int((diff & allowed).sum())
-    return bad, tolerated
 
 
 # ---------------------------------------------------------------- HIP (ctypes), in the workers

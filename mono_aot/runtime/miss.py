@@ -1,0 +1,121 @@
+"""What a store miss does at serving time.
+
+``MONO_AOT_STRICT=1``: an error naming the key, layout, arch and the prebuild command.
+Otherwise, when the build extra (FlyDSL) is installed, ``mono-aot build`` runs as a subprocess
+into the user cache, with a warning: the runtime never imports the compiler, and the build's
+per-key single-flight lock makes ranks starting together compile each kernel once. Without a
+compiler the miss is ``MonoUnsupported`` with the same text.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import subprocess
+import sys
+import warnings
+from typing import TYPE_CHECKING
+
+from mono_aot.spec.errors import MonoError, MonoUnsupported
+
+if TYPE_CHECKING:
+    from mono_aot.spec.layouts import Layout
+    from mono_aot.store import Hit, Store
+
+STRICT_ENV = "MONO_AOT_STRICT"
+JIT_TIMEOUT_S = 3600.0
+log = logging.getLogger("mono_aot.runtime")
+
+
+class KernelMissing(MonoError):
+    """Strict mode: no prebuilt code object for a key."""
+
+
+class JitBuildWarning(UserWarning):
+    """A kernel was missing from every store layer and is compiled just in time."""
+
+
+def prebuild_command(layout: Layout, arch: str, variant: str) -> str:
+    return f"mono-aot build --layout {layout.name} --arch {arch} --variant {variant}"
+
+
+def compiler_available() -> bool:
+    """Whether ``mono-aot build`` can run here, found without importing FlyDSL."""
+    return importlib.util.find_spec("flydsl") is not None
+
+
+def _shipped_name(layout: Layout) -> str | None:
+    """The shipped layout name that generates exactly ``layout``'s code, if any."""
+    from mono_aot.spec.layouts import LayoutError, resolve_layout
+
+    try:
+        shipped = resolve_layout(layout.name)
+    except LayoutError:
+        return None
+    same = shipped.digest == layout.digest and shipped.targets == layout.targets
+    return layout.name if same else None
+
+
+def find_or_build(
+    key: str,
+    variant: str,
+    layout: Layout,
+    arch: str,
+    *,
+    store: Store | None = None,
+    env: dict[str, str] | None = None,
+) -> Hit:
+    """The verified hit for ``key``, applying the miss policy."""
+    from mono_aot.store import Store
+
+    env = dict(os.environ if env is None else env)
+    store = store if store is not None else Store.default(env)
+    hit = store.lookup(key)
+    if hit is not None:
+        return hit
+    cmd = prebuild_command(layout, arch, variant)
+    text = (
+        f"no prebuilt {variant} kernel for layout {layout.name} on {arch} (key {key}; "
+        f"{store.miss_message(key)}); prebuild it with: {cmd}"
+    )
+    if env.get(STRICT_ENV, "") not in ("", "0"):
+        raise KernelMissing(f"{STRICT_ENV}=1: {text}")
+    if not compiler_available():
+        raise MonoUnsupported(
+            f"{text} (no compiler here to build it just in time: pip install 'mono-aot[build]')"
+        )
+    name = _shipped_name(layout)
+    if name is None:
+        raise MonoUnsupported(
+            f"{text} (just-in-time builds cover shipped layouts only; {layout.name} is not one "
+            "of them or differs from it: prebuild it with --layout PATH)"
+        )
+    warnings.warn(
+        f"{text}; building it just in time into the user cache", JitBuildWarning, stacklevel=3
+    )
+    argv = [sys.executable, "-m", "mono_aot", "build", "--layout", name, "--arch", arch]
+    argv += ["--variant", variant, "-j", "1"]
+    try:
+        p = subprocess.run(
+            argv,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=JIT_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        raise MonoError(f"the just-in-time build ({cmd}) ran over {JIT_TIMEOUT_S:g} s") from None
+    if p.returncode != 0:
+        tail = (p.stderr or p.stdout).strip().splitlines()[-5:]
+        raise MonoError(
+            f"the just-in-time build ({cmd}) failed with exit code {p.returncode}: "
+            + " | ".join(tail)
+        )
+    for line in p.stdout.strip().splitlines():
+        log.info("just-in-time build: %s", line)
+    hit = Store.default(env).lookup(key)
+    if hit is None:
+        raise MonoError(f"the just-in-time build ({cmd}) succeeded but key {key} is still missing")
+    return hit

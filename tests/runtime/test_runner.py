@@ -1,0 +1,232 @@
+"""DrafterRunner with CPU tensors shaped like vLLM's, over the stand-in HIP library."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from mono_aot.runtime.runner import DrafterRunner, TPGroup
+from mono_aot.spec import abi
+from mono_aot.spec.errors import MonoUnsupported
+from mono_aot.spec.layouts import resolve_layout
+from tests.runtime.vllm_model import draft_model
+
+LAY = resolve_layout("minimax-m3-dspark-tp4")
+TP = TPGroup(4, 0, None)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return draft_model(LAY)
+
+
+def _raises(model, match, tp=TP):
+    with pytest.raises(MonoUnsupported, match=match):
+        DrafterRunner(model, LAY, tp=tp)
+
+
+def test_cu_count(hip_env, model, monkeypatch):
+    monkeypatch.setenv("MONO_AOT_STANDIN_CUS", "228")
+    _raises(model, "228 CUs: the kernels need all 304 CTAs co-resident")
+
+
+def test_arch_not_targeted(hip_env, model, monkeypatch):
+    monkeypatch.setenv("MONO_AOT_STANDIN_ARCH", "gfx90a:sramecc+:xnack-")
+    _raises(model, "is gfx90a.*targets gfx942, gfx950")
+
+
+def test_tp(hip_env, model):
+    _raises(model, "TP 8: the kernels are built for TP 4", tp=TPGroup(8, 0, None))
+
+
+def test_layer_count(hip_env, model):
+    m = copy.copy(model)
+    m.layers = model.layers[:4]
+    _raises(m, "4 draft layers: the kernels run 5")
+
+
+@pytest.mark.parametrize(
+    "cache",
+    [
+        torch.zeros(4096, 64, dtype=torch.float16),
+        torch.zeros(4096, 128, dtype=torch.bfloat16),
+        torch.zeros(4096, 128, dtype=torch.bfloat16)[:, ::2],
+    ],
+    ids=["dtype", "shape", "strided"],
+)
+def test_rope_cache(hip_env, model, cache):
+    m = copy.copy(model)
+    m._rope_cos_sin_cache = cache
+    _raises(m, "rope cache")
+
+
+def _with_cache(model, layer, kv):
+    m = copy.copy(model)
+    m.layers = list(model.layers)
+    lyr = copy.copy(model.layers[layer])
+    lyr.self_attn = copy.copy(lyr.self_attn)
+    lyr.self_attn.attn = copy.copy(lyr.self_attn.attn)
+    lyr.self_attn.attn.kv_cache = [kv]
+    m.layers[layer] = lyr
+    return m
+
+
+@pytest.mark.parametrize(
+    ("kv", "match"),
+    [
+        (torch.zeros(64, 1, 32, 256, dtype=torch.uint8), r"layer 3 \(64, 1, 32, 256\)"),
+        (torch.zeros(0, 1, 16, 256, dtype=torch.uint8), r"layer 3 \(0, 1, 16, 256\)"),
+        (torch.zeros(64, 1, 16, 256, dtype=torch.bfloat16), "layer 3 torch.bfloat16"),
+        (torch.zeros(64, 1, 16, 512, dtype=torch.uint8)[..., ::2], "not contiguous"),
+    ],
+    ids=["block", "empty", "dtype", "strided"],
+)
+def test_kv_cache(hip_env, model, kv, match):
+    _raises(_with_cache(model, 3, kv), match)
+
+
+def test_weights_are_checked_by_attribute_path(hip_env, model):
+    m = copy.copy(model)
+    m.layers = list(model.layers)
+    lyr = copy.copy(model.layers[1])
+    lyr.mlp = copy.copy(lyr.mlp)
+    lyr.mlp.down_proj = copy.copy(lyr.mlp.down_proj)
+    lyr.mlp.down_proj.weight_scale = torch.ones(6144, dtype=torch.bfloat16)
+    m.layers[1] = lyr
+    _raises(m, "layer 1: mlp.down_proj.weight_scale is torch.bfloat16")
+    lyr.mlp.down_proj = copy.copy(model.layers[1].mlp.down_proj)
+    lyr.mlp.down_proj.weight = torch.zeros(6144, 3072, dtype=torch.float16)
+    _raises(m, "layer 1: mlp.down_proj.weight is torch.float16")
+    lyr.mlp = copy.copy(model.layers[1].mlp)
+    lyr.input_layernorm = None
+    _raises(m, "layer 1: the draft model has no input_layernorm.weight")
+
+
+def test_a_null_pointer_table_slot_is_unsupported(hip_env, model):
+    from mono_aot.runtime.runner import kv_cache_of, layer_weights
+
+    r = DrafterRunner.__new__(DrafterRunner)
+    r.layout = LAY
+    r.layers = [layer_weights(x, LAY, f"layer {i}") for i, x in enumerate(model.layers)]
+    r.caches = [kv_cache_of(x) for x in model.layers]
+    tab = r._pointer_table()
+    for i, (w, kv) in enumerate(zip(r.layers, r.caches, strict=True)):
+        assert int(tab[i, abi.T_K_SCALE]) == w["k_scale"].data_ptr() != 0
+        assert int(tab[i, abi.T_V_SCALE]) == w["v_scale"].data_ptr() != 0
+        assert int(tab[i, abi.T_W_Q]) == model.layers[i].self_attn.q_norm.weight.data_ptr()
+        assert int(tab[i, abi.T_CACHE]) == kv.data_ptr() and int(tab[i, abi.T_NBLK]) == 64
+    r.layers[2]["v_scale"] = torch.empty(0, dtype=torch.float32)  # data_ptr() == 0
+    with pytest.raises(MonoUnsupported, match=r"layer 2: pointer-table slot 5 \(v_scale\)"):
+        r._pointer_table()
+
+
+def _serve(rank, world, group, arg):
+    """Build a runner on this rank and run a step of every request count up to 3 chunks."""
+    from mono_aot.runtime.runner import AttentionContext
+    from mono_aot.spec.errors import BadInput
+
+    lay = resolve_layout("minimax-m3-dspark-tp4")
+    model = draft_model(lay)
+    runner = DrafterRunner(model, lay, tp=TPGroup(world, rank, group))
+    q = lay.serving.qpr
+    steps = []
+    for reqs in range(1, 3 * lay.serving.chunk_reqs + 1):
+        n = reqs * q
+        ctx = AttentionContext(
+            block_table=torch.zeros(reqs, 8, dtype=torch.int32),
+            seq_lens=torch.full((reqs,), 16, dtype=torch.int32),
+            slots=None,
+        )
+        x = torch.zeros(n, lay.model.hidden, dtype=torch.bfloat16)
+        runner.forward(torch.zeros(n, dtype=torch.int64), x, ctx)
+        steps.append({"reqs": reqs, "x": x.data_ptr(), "chunks": runner.chunks(reqs)})
+    guard = []
+    for n in (q + 1, (lay.serving.max_reqs + 1) * q):
+        try:
+            runner.forward(
+                torch.zeros(n, dtype=torch.int64),
+                torch.zeros(n, lay.model.hidden, dtype=torch.bfloat16),
+                AttentionContext(
+                    torch.zeros(1, 8, dtype=torch.int32), torch.ones(1, dtype=torch.int32), None
+                ),
+            )
+        except BadInput as e:
+            guard.append(str(e))
+    try:
+        runner._launch("narrow", *[torch.zeros(1)] * 6, 3 * q, 0)
+    except BadInput as e:
+        guard.append(str(e))
+    info = {
+        "steps": steps,
+        "guard": guard,
+        "step": int(runner.step),
+        "tab": runner.tab.tolist(),
+        "pe": runner.pe,
+        "stale": runner.stale(),
+        "symbols": {v: f.entry.symbol for v, f in runner.launchers.items()},
+    }
+    model.layers[0].self_attn.attn.kv_cache = [torch.zeros(64, 1, 16, 256, dtype=torch.uint8)]
+    info["stale_after_rebind"] = runner.stale()
+    runner.close()
+    return info
+
+
+@pytest.mark.slow
+def test_runner_chunks_steps_into_launches_on_4_ranks(stand_in_lib, artifacts, tmp_path):
+    """1 to 3 x chunk requests: each step is ceil(R / 8) launches, chunks of 3..8 requests take
+    the wide kernel and 1..2 the narrow one, every launch's n, x, out, bt and positions
+    advance by the chunk, and the 28 kernel arguments are those of the user's runner."""
+
+    import struct
+
+    from tests.runtime.conftest import Calls, stand_in_env
+
+    logs = [tmp_path / f"calls-{r}.jsonl" for r in range(4)]
+    envs = [
+        stand_in_env(stand_in_lib, logs[r], MONO_AOT_PATH=str(artifacts), MONO_AOT_STRICT="1",
+                     MONO_AOT_CACHE_DIR=str(tmp_path / "cache"))
+        for r in range(4)
+    ]  # fmt: skip
+    from tests.runtime.ranks import run_ranks
+
+    res = run_ranks(_serve, tmp_path, envs, timeout=600)
+    assert all(ok for ok, _ in res), res
+    names = [a.name for a in abi.kernel_args(4)]
+    offsets = dict((n, (o, s)) for n, o, s in abi.kernarg_layout(4))
+    q, hid, c = LAY.serving.qpr, LAY.model.hidden, LAY.serving.chunk_reqs
+    for rank, (_, info) in enumerate(res):
+        assert info["stale"] is False and info["stale_after_rebind"] is True
+        assert info["step"] == 3 * c
+        assert len(info["guard"]) == 3
+        assert "9 tokens: a step carries whole requests of 8 tokens" in info["guard"][0]
+        assert "at most 256 requests" in info["guard"][1]
+        assert "a narrow launch of 24 tokens: it takes a multiple of 8 up to 16" in info["guard"][2]
+        launches = Calls(logs[rank]).of("hipModuleLaunchKernel")
+        assert len(launches) == sum(-(-s["reqs"] // c) for s in info["steps"])
+        it = iter(launches)
+        for s in info["steps"]:
+            r0 = 0
+            for first, k, variant in s["chunks"]:
+                assert first == r0 and variant == ("wide" if k >= 3 else "narrow")
+                call = next(it)
+                assert call["function"] == info["symbols"][variant]
+                raw = bytes.fromhex(call["kernargs"])
+                args = {
+                    n: struct.unpack_from("<q" if offsets[n][1] == 8 else "<i", raw, offsets[n][0])[
+                        0
+                    ]
+                    for n in names
+                }
+                assert args["n"] == k * q and args["rank"] == rank and args["bt_stride"] == 8
+                assert args["x"] == s["x"] + r0 * q * hid * 2
+                assert [args[f"pe{r}"] for r in range(4)] == info["pe"]
+                assert args["peer_local"] == info["pe"][rank]
+                r0 += k
+            assert r0 == s["reqs"]
+        assert [len(s["chunks"]) for s in info["steps"]] == [
+            -(-r // c) for r in range(1, 3 * c + 1)
+        ]
+        for row in info["tab"]:
+            assert all(row[slot] != 0 for slot in (0, 1, 2, 3, 4, 5, 6)) and row[7] == 64
