@@ -28,7 +28,7 @@ AGENT = "agent"  # LLVM AMDGPU sync scope of one GPU
 SYSTEM = None  # LLVM's default (system) scope: every GPU and the host
 # What the LDS table carries from the prologue to every phase (KernelCtx.publish/fresh)
 TABLE_ADDRS = tuple(a.name for a in abi.kernel_args(4) if a.kind == "i64")
-TABLE_SCALARS = ("rank", "n", "bt_stride", "step_value", "par", "epoch", "launches", "seq")
+TABLE_SCALARS = ("rank", "n", "bt_stride", "step_value", "par", "epoch", "seq")
 TABLE_WORDS = 2 * len(TABLE_ADDRS) + len(TABLE_SCALARS)
 
 

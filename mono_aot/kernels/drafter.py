@@ -295,19 +295,6 @@ def make_launcher(spec: KernelSpec) -> Any:
     def barrier(k0, st, what):
         return sync.grid_barrier(k0.fresh(), st, what)
 
-    @flyc.jit
-    def publish_launch(k0):
-        """Workgroup 0, after the first barrier (every workgroup has read these): the next
-        launch's launch counter and epoch header."""
-        k = k0.fresh()
-        if k.bid == 0:
-            if k.tid == 0:
-                gptr(fx.Int32, k.scr("sync", abi.SYNC_LAUNCHES)).store(k.launches + 1)
-                hdr = k.peer_addr(k.peer_local, "hdr")
-                gptr(fx.Int32, hdr).store(k.step_value)
-                gptr(fx.Int32, hdr + 4).store(k.seq)
-
-    # FlyDSL names an unnamed kernel "<function>_0"; the build expects KERNEL_NAMES[v] + "_0"
     tp = lay.parallel.tp
 
     @flyc.kernel(name=spec.name + "_0", known_block_size=[threads, 1, 1])
@@ -319,25 +306,21 @@ def make_launcher(spec: KernelSpec) -> Any:
         table = alloc.allocate(fx.Array[fx.Int32, table_words, 16]).peek()
         k = KernelCtx(lay, arch, variant, nwg, threads, n_max, scratch, peer, arena, ticks)
         k.addr.update({a.name: args[a.name] for a in abi.kernel_args(tp) if a.kind == "i64"})
-        step, peer_local, rank, bt_stride, n = (
-            args[a] for a in ("step", "peer_local", "rank", "bt_stride", "n")
-        )
-        step_value = gptr(fx.Int32, step).load()
-        launches = gptr(fx.Int32, k.scr("sync", abi.SYNC_LAUNCHES)).load()
-        hdr = k.peer_addr(peer_local, "hdr")
-        h_step = gptr(fx.Int32, hdr).load()
-        h_seq = gptr(fx.Int32, hdr + 4).load()
-        seq = (h_step == step_value).select(h_seq + 1, fx.Int32(0))
+        step, rank, bt_stride, n = (args[a] for a in ("step", "rank", "bt_stride", "n"))
         k.rt.update(
             bid=fx.block_idx.x, tid=fx.thread_idx.x, rank=rank, n=n, bt_stride=bt_stride,
-            lds=lds, sync_lds=sync_lds, table=table, step_value=step_value, par=launches & 1,
-            epoch=step_value * abi.EPOCH_SEQS + seq % abi.EPOCH_SEQS, launches=launches, seq=seq,
+            lds=lds, sync_lds=sync_lds, table=table, step_value=gptr(fx.Int32, step).load(),
         )  # fmt: skip
+        # n is checked before anything is written; a bad n skips every phase and barrier
+        n_ok = sync.n_valid(k, n)
+        par, seq = sync.launch_start(k, n_ok)
+        epoch = k.step_value * abi.EPOCH_SEQS + seq % abi.EPOCH_SEQS
+        k.rt.update(par=par, seq=seq, epoch=epoch)
         publish(k)
-        st = fx.Int32(0)
-        ph_embed(k)
+        st = n_ok.select(fx.Int32(0), fx.Int32(abi.STATUS_BAD_N))
+        if st == 0:
+            ph_embed(k)
         st = barrier(k, st, abi.PH_EMBED)
-        publish_launch(k)
         for layer_i in range(L, unroll=1):
             layer = fx.Int32(layer_i)
             what = layer * 16
