@@ -18,6 +18,7 @@ from flydsl.expr.typing import T
 
 from mono_aot.spec import abi
 from mono_aot.spec.arch import arch_info
+from mono_aot.spec.errors import MonoUnsupported
 from mono_aot.spec.layouts import Layout
 from mono_aot.spec.util import ceil_div
 
@@ -101,6 +102,11 @@ def fp8x4_to_f32x2(word: Any) -> tuple[Any, Any]:
     lo = fx.Vector(fx.rocdl.cvt_pk_f32_fp8(T.vec(2, T.f32), fx.Int32(word), False))
     hi = fx.Vector(fx.rocdl.cvt_pk_f32_fp8(T.vec(2, T.f32), fx.Int32(word), True))
     return lo, hi
+
+
+class PlanError(MonoUnsupported, ValueError):
+    """A projection plan cannot be built for this shape: the message names the plan, the rule
+    and its numbers (the build reports it as one line, no traceback)."""
 
 
 class ProjectionRows:
