@@ -50,7 +50,6 @@ from mono_aot.spec.errors import MonoError
 from mono_aot.spec.layouts import Layout
 
 DEFAULT_TIMEOUT_S = 1800.0  # a worker that runs longer is killed and its job fails
-STDERR_TAIL_LINES = 25
 
 # Paths in the worker's environment, relative to its working directory (the output directory),
 # so the environment does not depend on where that directory is.
@@ -130,9 +129,25 @@ class CompileResult:
         return self.worker.get("address_space") == "fixed"
 
 
-def stderr_tail(text: str, lines: int = STDERR_TAIL_LINES) -> str:
-    kept = [ln for ln in text.splitlines() if ln.strip()]
-    return "\n".join(kept[-lines:])
+def one_line(text: str) -> str:
+    """A message as one line (a failure is reported as one line; the worker's stderr holds the
+    rest)."""
+    return " ".join(text.split())
+
+
+_DIAGNOSTIC = ("error", "Assertion", "LLVM ERROR", "Error:", "abort")
+
+
+def diagnostic_line(stderr: str) -> str:
+    """The last stderr line that reads like a diagnostic (an LLVM assertion or error), else the
+    last non-empty line; never Python source lines of a traceback."""
+    kept = [
+        ln.strip()
+        for ln in stderr.splitlines()
+        if ln.strip() and not ln.startswith("    ") and not ln.startswith("  File ")
+    ]
+    diag = [ln for ln in kept if any(d in ln for d in _DIAGNOSTIC)]
+    return (diag or kept or [""])[-1]
 
 
 def _child_env(arch: str) -> dict[str, str]:
@@ -157,8 +172,8 @@ def compile_kernel(
 
     ``out_dir`` (created, should be empty) receives the worker's files: the request,
     ``code.hsaco``, ``isa.s``, ``result.json``, ``stderr.txt``, the ISA dump and an empty FlyDSL
-    cache. Raises ``CompileError`` with the tail of the worker's stderr when the worker fails in
-    any way. One compile gives the code object, its metadata and the ISA.
+    cache. Raises ``CompileError`` (one line; its ``stderr`` is the worker's whole stderr) when
+    the worker fails in any way. One compile gives the code object, its metadata and the ISA.
     """
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -215,15 +230,19 @@ def compile_kernel(
     if (out / RESULT_FILE).is_file():
         result = json.loads((out / RESULT_FILE).read_text())
     if rc != 0 or not result.get("ok"):
-        lines = STDERR_TAIL_LINES
         if rc is not None and rc < 0:
+            # LLVM aborts the process: its last diagnostic line says why (the rest is in the
+            # worker's stderr, which the job's JSON carries)
             how = f"the compiler process died with signal {-rc}"
+            why = diagnostic_line(stderr)
+            how += f": {why}" if why else ""
         elif result.get("error"):
-            how, lines = result["error"], 6  # the message says it; the tail shows where
+            how = result["error"]  # a finding (the rule and its numbers) or "Type: message"
         else:
             how = f"the compiler process exited with status {rc}"
-        tail = "" if result.get("error_is_finding") else stderr_tail(stderr, lines)
-        raise CompileError(f"{what}: {how}" + (f"\n{tail}" if tail else ""), stderr, seconds)
+            why = diagnostic_line(stderr)
+            how += f": {why}" if why else ""
+        raise CompileError(one_line(f"{what}: {how}"), stderr, seconds)
     code = (out / CODE_FILE).read_bytes()
     try:
         meta = parse_code_object(code)

@@ -53,6 +53,7 @@ class JobResult:
     compiled: bool = False  # this process ran a compile for the job
     reason: str = ""  # failure message, or why an entry was stale
     violations: list[Violation] = field(default_factory=list)
+    stderr: str = ""  # a failed compile: the worker's whole stderr (in --json only)
     blob_sha256: str | None = None
     layer: str | None = None
     entry: Entry | None = field(default=None, repr=False)
@@ -65,6 +66,7 @@ class JobResult:
             "compiled": self.compiled,
             "reason": self.reason or None,
             "violations": [v.as_json() for v in self.violations],
+            "stderr": self.stderr or None,
             "blob_sha256": self.blob_sha256,
             "layer": self.layer,
         }
@@ -244,7 +246,9 @@ def _run_one(
             job, FAILED, seconds=e.seconds, compiled=True, reason=str(e), violations=e.violations
         )
     except CompileError as e:
-        return JobResult(job, FAILED, seconds=e.seconds, compiled=compiled, reason=str(e))
+        return JobResult(
+            job, FAILED, seconds=e.seconds, compiled=compiled, reason=str(e), stderr=e.stderr
+        )
     if not built:  # another builder published it while we waited for the key's lock
         return JobResult(
             job, HIT, blob_sha256=hit.entry.blob.sha256, layer=hit.layer.label, entry=hit.entry

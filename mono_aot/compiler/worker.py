@@ -36,6 +36,7 @@ from mono_aot.compiler.protocol import (
     RESULT_FILE,
     WORKER_PROTOCOL,
 )
+from mono_aot.spec.errors import MonoError
 
 ADDR_NO_RANDOMIZE = 0x0040000  # linux/personality.h
 _QUERY_PERSONALITY = 0xFFFFFFFF
@@ -232,12 +233,13 @@ def run(request_path: Path, address_space: str = "fixed") -> int:
         _write_json(out / RESULT_FILE, result)
         return 0
     except Exception as e:  # noqa: BLE001 - every failure becomes the job's report
-        if isinstance(e, WorkerFailure):
-            # the worker's own finding: the message is the whole story, no traceback
+        if isinstance(e, WorkerFailure | MonoError):
+            # the worker's own finding, or the kernels' (a plan rule with its numbers, an
+            # unsupported layout): the message is the whole story, no traceback
             result["error"], result["error_is_finding"] = str(e), True
             print(f"mono-aot worker: {e}", file=sys.stderr)
         else:
-            result["error"] = f"{type(e).__name__}: {e}"
+            result["error"] = " ".join(f"{type(e).__name__}: {e}".split())
             result["traceback"] = traceback.format_exc(limit=20)
             print(result["traceback"], file=sys.stderr)
         _write_json(out / RESULT_FILE, result)

@@ -18,6 +18,7 @@ from flydsl.expr.typing import T
 
 from mono_aot.spec import abi
 from mono_aot.spec.arch import arch_info
+from mono_aot.spec.errors import MonoUnsupported
 from mono_aot.spec.layouts import Layout
 from mono_aot.spec.util import ceil_div
 
@@ -28,7 +29,7 @@ AGENT = "agent"  # LLVM AMDGPU sync scope of one GPU
 SYSTEM = None  # LLVM's default (system) scope: every GPU and the host
 # What the LDS table carries from the prologue to every phase (KernelCtx.publish/fresh)
 TABLE_ADDRS = tuple(a.name for a in abi.kernel_args(4) if a.kind == "i64")
-TABLE_SCALARS = ("rank", "n", "bt_stride", "step_value", "par", "epoch", "launches", "seq")
+TABLE_SCALARS = ("rank", "n", "bt_stride", "step_value", "par", "epoch", "seq")
 TABLE_WORDS = 2 * len(TABLE_ADDRS) + len(TABLE_SCALARS)
 
 
@@ -101,6 +102,11 @@ def fp8x4_to_f32x2(word: Any) -> tuple[Any, Any]:
     lo = fx.Vector(fx.rocdl.cvt_pk_f32_fp8(T.vec(2, T.f32), fx.Int32(word), False))
     hi = fx.Vector(fx.rocdl.cvt_pk_f32_fp8(T.vec(2, T.f32), fx.Int32(word), True))
     return lo, hi
+
+
+class PlanError(MonoUnsupported, ValueError):
+    """A projection plan cannot be built for this shape: the message names the plan, the rule
+    and its numbers (the build reports it as one line, no traceback)."""
 
 
 class ProjectionRows:

@@ -24,6 +24,8 @@ bounded (``sync``) and a failure skips all later work without an early return.
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,12 +37,40 @@ from mono_aot.kernels import allreduce, attention, gemv, pointwise, sync
 from mono_aot.kernels.common import TABLE_WORDS, KernelCtx, gptr, publish
 from mono_aot.kernels.names import KERNEL_NAMES
 from mono_aot.spec import abi
+from mono_aot.spec.arch import arch_info
 from mono_aot.spec.errors import BadInput, MonoUnsupported
 from mono_aot.spec.layouts import Layout, Variant
 from mono_aot.spec.util import align_up, ceil_div
 
-SUPPORTED_TP = 4  # the kernel signature spells out pe0..pe3 (the user's runner is TP 4)
+SUPPORTED_TP = 4  # the user's runner is TP 4 (the signature itself follows abi.kernel_args)
 GEMMS = ("valu", "mfma")
+
+
+_ARG_TYPES = {"i64": fx.Int64, "i32": fx.Int32}
+
+
+def contract_signature(tp: int, *, stream: bool = False) -> Callable[[Any], Any]:
+    """Give a ``**kw`` function the contract's parameter list (``abi.kernel_args(tp)``, in
+    order, ``fx.Int64``/``fx.Int32`` annotations), plus the launcher's trailing ``stream``.
+
+    FlyDSL reads a kernel's and a launcher's parameters through ``inspect.signature`` (which
+    honours ``__signature__``) and calls the body with keyword arguments, so the argument list
+    is written once, in the contract, and the kernargs follow it."""
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    params = [
+        inspect.Parameter(a.name, kind, annotation=_ARG_TYPES[a.kind]) for a in abi.kernel_args(tp)
+    ]
+    if stream:
+        params.append(
+            inspect.Parameter("stream", kind, default=fx.Stream(None), annotation=fx.Stream)
+        )
+    sig = inspect.Signature(params)
+
+    def apply(fn: Any) -> Any:
+        fn.__signature__ = sig
+        return fn
+
+    return apply
 
 
 def default_gemm(variant: Variant) -> str:
@@ -144,9 +174,13 @@ def make_launcher(spec: KernelSpec) -> Any:
     off_tile = off_rstd + align_up(n_max * 4, 256)
     arena = off_tile + n_max * RS * 4
     words = ceil_div(arena, 16) * 4
-    limit = 64 * 1024
-    if arena > limit:
-        raise MonoUnsupported(f"{spec.name} for {arch}: {arena} bytes of LDS exceed {limit}")
+    table_words = align_up(TABLE_WORDS, 4)
+    lds_total = words * 4 + 4 * 4 + table_words * 4  # the arena, sync_lds, the table
+    limit = arch_info(arch).lds_bytes_per_cu
+    if lds_total > limit:
+        raise MonoUnsupported(
+            f"{spec.name} for {arch}: {lds_total} bytes of LDS exceed the CU's {limit}"
+        )
     run = proj.run
     ticks = spec.wait_ticks
     W_QKV, W_O, W_GU, W_D = QKV * H, H * lay.o_cols_per_rank, 2 * MLP * H, H * MLP
@@ -262,57 +296,32 @@ def make_launcher(spec: KernelSpec) -> Any:
     def barrier(k0, st, what):
         return sync.grid_barrier(k0.fresh(), st, what)
 
-    @flyc.jit
-    def publish_launch(k0):
-        """Workgroup 0, after the first barrier (every workgroup has read these): the next
-        launch's launch counter and epoch header."""
-        k = k0.fresh()
-        if k.bid == 0:
-            if k.tid == 0:
-                gptr(fx.Int32, k.scr("sync", abi.SYNC_LAUNCHES)).store(k.launches + 1)
-                hdr = k.peer_addr(k.peer_local, "hdr")
-                gptr(fx.Int32, hdr).store(k.step_value)
-                gptr(fx.Int32, hdr + 4).store(k.seq)
+    tp = lay.parallel.tp
 
-    # FlyDSL names an unnamed kernel "<function>_0"; the build expects KERNEL_NAMES[v] + "_0"
     @flyc.kernel(name=spec.name + "_0", known_block_size=[threads, 1, 1])
-    def drafter_kernel(
-        x: fx.Int64, out: fx.Int64, tab: fx.Int64,
-        qkv_w: fx.Int64, qkv_s: fx.Int64, o_w: fx.Int64, o_s: fx.Int64,
-        gu_w: fx.Int64, gu_s: fx.Int64, d_w: fx.Int64, d_s: fx.Int64,
-        final_norm: fx.Int64, cos_sin: fx.Int64, bt: fx.Int64, pos: fx.Int64,
-        slots: fx.Int64, seq_lens: fx.Int64, scratch_a: fx.Int64, peer_local: fx.Int64,
-        pe0: fx.Int64, pe1: fx.Int64, pe2: fx.Int64, pe3: fx.Int64,
-        step: fx.Int64, health: fx.Int64,
-        rank: fx.Int32, bt_stride: fx.Int32, n: fx.Int32,
-    ):  # fmt: skip
+    @contract_signature(tp)
+    def drafter_kernel(**args):
         alloc = fx.SharedAllocator()
         lds = alloc.allocate(fx.Array[fx.Int32, words, 16]).peek().ptr
         sync_lds = alloc.allocate(fx.Array[fx.Int32, 4, 16]).peek()
-        table = alloc.allocate(fx.Array[fx.Int32, align_up(TABLE_WORDS, 4), 16]).peek()
+        table = alloc.allocate(fx.Array[fx.Int32, table_words, 16]).peek()
         k = KernelCtx(lay, arch, variant, nwg, threads, n_max, scratch, peer, arena, ticks)
-        k.addr.update(
-            x=x, out=out, tab=tab, qkv_w=qkv_w, qkv_s=qkv_s, o_w=o_w, o_s=o_s, gu_w=gu_w,
-            gu_s=gu_s, d_w=d_w, d_s=d_s, final_norm=final_norm, cos_sin=cos_sin, bt=bt,
-            pos=pos, slots=slots, seq_lens=seq_lens, scratch=scratch_a, peer_local=peer_local,
-            pe0=pe0, pe1=pe1, pe2=pe2, pe3=pe3, step=step, health=health,
-        )  # fmt: skip
-        step_value = gptr(fx.Int32, step).load()
-        launches = gptr(fx.Int32, k.scr("sync", abi.SYNC_LAUNCHES)).load()
-        hdr = k.peer_addr(peer_local, "hdr")
-        h_step = gptr(fx.Int32, hdr).load()
-        h_seq = gptr(fx.Int32, hdr + 4).load()
-        seq = (h_step == step_value).select(h_seq + 1, fx.Int32(0))
+        k.addr.update({a.name: args[a.name] for a in abi.kernel_args(tp) if a.kind == "i64"})
+        step, rank, bt_stride, n = (args[a] for a in ("step", "rank", "bt_stride", "n"))
         k.rt.update(
             bid=fx.block_idx.x, tid=fx.thread_idx.x, rank=rank, n=n, bt_stride=bt_stride,
-            lds=lds, sync_lds=sync_lds, table=table, step_value=step_value, par=launches & 1,
-            epoch=step_value * abi.EPOCH_SEQS + seq % abi.EPOCH_SEQS, launches=launches, seq=seq,
+            lds=lds, sync_lds=sync_lds, table=table, step_value=gptr(fx.Int32, step).load(),
         )  # fmt: skip
+        # n is checked before anything is written; a bad n skips every phase and barrier
+        n_ok = sync.n_valid(k, n)
+        par, seq = sync.launch_start(k, n_ok)
+        epoch = k.step_value * abi.EPOCH_SEQS + seq % abi.EPOCH_SEQS
+        k.rt.update(par=par, seq=seq, epoch=epoch)
         publish(k)
-        st = fx.Int32(0)
-        ph_embed(k)
+        st = n_ok.select(fx.Int32(0), fx.Int32(abi.STATUS_BAD_N))
+        if st == 0:
+            ph_embed(k)
         st = barrier(k, st, abi.PH_EMBED)
-        publish_launch(k)
         for layer_i in range(L, unroll=1):
             layer = fx.Int32(layer_i)
             what = layer * 16
@@ -343,21 +352,9 @@ def make_launcher(spec: KernelSpec) -> Any:
             ph_final(k)
 
     @flyc.jit
-    def launch(
-        x: fx.Int64, out: fx.Int64, tab: fx.Int64,
-        qkv_w: fx.Int64, qkv_s: fx.Int64, o_w: fx.Int64, o_s: fx.Int64,
-        gu_w: fx.Int64, gu_s: fx.Int64, d_w: fx.Int64, d_s: fx.Int64,
-        final_norm: fx.Int64, cos_sin: fx.Int64, bt: fx.Int64, pos: fx.Int64,
-        slots: fx.Int64, seq_lens: fx.Int64, scratch_a: fx.Int64, peer_local: fx.Int64,
-        pe0: fx.Int64, pe1: fx.Int64, pe2: fx.Int64, pe3: fx.Int64,
-        step: fx.Int64, health: fx.Int64,
-        rank: fx.Int32, bt_stride: fx.Int32, n: fx.Int32,
-        stream: fx.Stream = fx.Stream(None),  # noqa: B008 - FlyDSL reads the default
-    ):  # fmt: skip
-        drafter_kernel(
-            x, out, tab, qkv_w, qkv_s, o_w, o_s, gu_w, gu_s, d_w, d_s, final_norm, cos_sin,
-            bt, pos, slots, seq_lens, scratch_a, peer_local, pe0, pe1, pe2, pe3, step, health,
-            rank, bt_stride, n,
-        ).launch(grid=(nwg, 1, 1), block=(threads, 1, 1), stream=stream)  # fmt: skip
+    @contract_signature(tp, stream=True)
+    def launch(**args):
+        stream = args.pop("stream")
+        drafter_kernel(**args).launch(grid=(nwg, 1, 1), block=(threads, 1, 1), stream=stream)
 
     return launch

@@ -32,7 +32,7 @@ import flydsl.expr as fx
 from flydsl.expr import const_expr, range_constexpr, rocdl
 from flydsl.expr.typing import T
 
-from mono_aot.kernels.common import ProjectionRows, bf16_hi, bf16_lo, fp8x4_to_f32, gptr
+from mono_aot.kernels.common import PlanError, ProjectionRows, bf16_hi, bf16_lo, fp8x4_to_f32, gptr
 from mono_aot.spec.util import ceil_div
 
 WAVE = 64
@@ -75,7 +75,7 @@ class GemvPlan(ProjectionRows):
         if (self.group * KT * 2 // 16) % self.threads:
             problems.append("the staging tile must be a whole number of 16-byte vectors per thread")
         if problems:
-            raise ValueError(f"GemvPlan({self.rows}x{self.cols}): " + "; ".join(problems))
+            raise PlanError(f"GemvPlan({self.rows}x{self.cols}): " + "; ".join(problems))
 
     @property
     def per_wave(self) -> int:

@@ -40,7 +40,7 @@ import flydsl.expr as fx
 from flydsl.expr import const_expr, range_constexpr, rocdl
 from flydsl.expr.typing import T
 
-from mono_aot.kernels.common import ProjectionRows
+from mono_aot.kernels.common import PlanError, ProjectionRows
 from mono_aot.spec.layouts import Layout, Variant
 from mono_aot.spec.util import ceil_div
 
@@ -103,9 +103,9 @@ class GemmPlan(ProjectionRows):
                 f"x_stride={self.x_stride} must be >= cols and a multiple of 8 (16 bytes)"
             )
         if problems:
-            raise ValueError(f"GemmPlan({self.rows}x{self.cols}): " + "; ".join(problems))
+            raise PlanError(f"GemmPlan({self.rows}x{self.cols}): " + "; ".join(problems))
         if self.lds_budget < self.round_bytes:
-            raise ValueError(
+            raise PlanError(
                 f"GemmPlan({self.rows}x{self.cols}): lds_budget={self.lds_budget} is below one "
                 f"reduction round ({self.round_bytes} bytes)"
             )

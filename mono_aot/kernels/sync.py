@@ -14,6 +14,11 @@ last (resets the counter, then bumps the generation with a release) or polls the
 acquire). The words live in the half of the scratch ``sync`` region that belongs to this
 launch's parity; the other half is zeroed at launch start, so an aborted launch leaves nothing
 that could confuse the next one.
+
+The launch's identity comes from tickets (``launch_start``): every workgroup takes one from the
+scratch's counter and one from the peer header's counter before anything else, so a workgroup
+dispatched late, even after the launch already failed, still works in its own launch's half
+(see ``mono_aot.spec.abi``, sync region and peer header).
 """
 
 from __future__ import annotations
@@ -37,16 +42,71 @@ def _pending(v: Any, want: Any, until_equal: bool) -> Any:
 
 
 @flyc.jit
-def record_failure(k: KernelCtx, code: int, what: Any, detail: Any) -> None:
-    """One thread: store the failure in ``health`` unless one is already there, and raise the
-    launch's abort word so every other wait ends."""
+def record_health(k: KernelCtx, code: int, what: Any, detail: Any) -> None:
+    """One thread: store a failure in ``health`` unless one is already there."""
     hp = gptr(fx.Int32, k.health, 4)
     _, won = fx.atomic_cas(hp, fx.Int32(abi.STATUS_OK), fx.Int32(code), syncscope=AGENT)
     if won:
         gptr(fx.Int32, k.health + abi.H_WHAT * 4).store(fx.Int32(what))
         gptr(fx.Int32, k.health + abi.H_PEER * 4).store(fx.Int32(detail))
         gptr(fx.Int32, k.health + abi.H_STEP * 4).store(fx.Int32(k.step_value))
+
+
+@flyc.jit
+def record_failure(k: KernelCtx, code: int, what: Any, detail: Any) -> None:
+    """One thread: store the failure in ``health`` unless one is already there, and raise the
+    launch's abort word so every other wait ends."""
+    record_health(k, code, what, detail)
     fx.atomic_xchg(gptr(fx.Int32, k.sync + abi.SYNC_ABORT), fx.Int32(1), syncscope=AGENT)
+
+
+def n_valid(k: KernelCtx, n: Any) -> Any:
+    """``0 < n <= the variant's tokens`` and ``n % qpr == 0`` (an Int32 kernel argument)."""
+    qpr = k.lay.serving.qpr
+    return (n > 0) & (n <= k.n_max) & (n % qpr == 0)
+
+
+def _parity(ticket: Any, ctas: int) -> Any:
+    """Parity of the launch a 64-bit ticket belongs to (``abi.launch_id(ticket, ctas) & 1``)."""
+    return fx.Int32((ticket // ctas) & 1)
+
+
+@flyc.jit
+def launch_start(k: KernelCtx, n_ok: Any) -> Any:
+    """The launch's identity, before the workgroup writes anything: thread 0 takes a ticket
+    from the scratch's counter (-> ``par``, the sync half and norm sums) and one from the peer
+    header's counter (-> the header slot holding the previous launch's step and number in
+    it: ``seq``); workgroup 0 writes the next launch's slot. With a bad ``n`` nothing is taken
+    or written: workgroup 0 records ``STATUS_BAD_N`` in ``health`` (no abort word: every
+    workgroup sees the same n). Returns ``(par, seq)`` in every thread."""
+    if k.tid == 0:
+        par = fx.Int32(0)
+        seq = fx.Int32(0)
+        if n_ok:
+            one = fx.Int64(1)
+            t = fx.atomic_add(gptr(fx.Int64, k.scr("sync", abi.SYNC_TICKET)), one, syncscope=AGENT)
+            hdr = k.peer_addr(k.peer_local, "hdr")
+            tp = fx.atomic_add(gptr(fx.Int64, hdr + abi.HDR_TICKET), one, syncscope=AGENT)
+            par = _parity(t, k.nwg)
+            hp = _parity(tp, k.nwg)
+            mine = hdr + abi.HDR_SLOTS + fx.Int64(hp) * 8
+            h_step = gptr(fx.Int32, mine).load()
+            h_seq = gptr(fx.Int32, mine + 4).load()
+            seq = (h_step == k.step_value).select(h_seq + 1, fx.Int32(0))
+            if k.bid == 0:
+                nxt = hdr + abi.HDR_SLOTS + fx.Int64(1 - hp) * 8
+                gptr(fx.Int32, nxt).store(k.step_value)
+                gptr(fx.Int32, nxt + 4).store(seq)
+        else:
+            if k.bid == 0:
+                record_health(k, abi.STATUS_BAD_N, abi.PH_LAUNCH, k.n)
+        k.sync_lds[0] = par
+        k.sync_lds[1] = seq
+    fx.gpu.barrier()
+    out_par = k.sync_lds[0]
+    out_seq = k.sync_lds[1]
+    fx.gpu.barrier()
+    return out_par, out_seq
 
 
 @flyc.jit

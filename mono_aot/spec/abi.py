@@ -68,21 +68,27 @@ T_NBLK = 7  # blocks in that cache (bounds every block-table entry)
 NORM_SLOTS = {"w_in": T_W_IN, "w_post": T_W_POST, "w_q": T_W_Q, "w_k": T_W_K}
 SCALE_SLOTS = {"k_scale": T_K_SCALE, "v_scale": T_V_SCALE}
 
-# Health words (int32 [4]) the kernels write when a bounded wait times out.
+# Health words (int32 [4]) the kernels write when a bounded wait times out or an input is bad.
 HEALTH_WORDS = 4
 H_STATUS = 0  # 0 ok; otherwise a code below
 H_WHAT = 1  # which wait: layer * 16 + phase
-H_PEER = 2  # the rank (or barrier generation) it waited for
+H_PEER = 2  # the rank (or barrier generation) it waited for; the bad block id or n
 H_STEP = 3  # the step counter at the time
 STATUS_OK = 0
 STATUS_PEER_TIMEOUT = 1
 STATUS_BARRIER_TIMEOUT = 2
 STATUS_BAD_BLOCK = 3  # a block-table entry outside [0, T_NBLK)
+# n (the launch's tokens) is 0, above the variant's token capacity or not a multiple of qpr:
+# the launch wrote nothing (no scratch, peer buffer or out) and took no launch ticket, so the
+# next launch on the same buffers runs as if this one never happened.
+STATUS_BAD_N = 4
 STATUS_NAMES = {
     STATUS_OK: "ok",
     STATUS_PEER_TIMEOUT: "timed out waiting for a peer rank's all-reduce partial",
     STATUS_BARRIER_TIMEOUT: "timed out in a grid barrier (a workgroup did not arrive)",
     STATUS_BAD_BLOCK: "a block-table entry outside the layer's KV cache",
+    STATUS_BAD_N: "n is 0, above the kernel's token capacity or not a multiple of qpr "
+    "(the launch wrote nothing)",
 }
 
 # H_WHAT = layer * 16 + one of these: the phase that ran (or whose barrier was waited on)
@@ -100,11 +106,13 @@ PH_ATTENTION = 9  # (attention.py) a bad block in the attention read
 PH_DOWN = 10  # down projection + push to the peers (MLP all-reduce)
 PH_AR_MLP = 11  # MLP all-reduce receive + residual + next norm
 PH_FINAL = 12  # final norm -> out
+PH_LAUNCH = 13  # the launch's arguments, checked before anything is written (STATUS_BAD_N)
 PHASE_NAMES = {
     PH_EMBED: "embed", PH_QKV: "qkv", PH_PREP: "attention prep", PH_PARTIAL: "attention",
     PH_COMBINE: "attention combine", PH_O: "o projection", PH_AR_ATTN: "attention all-reduce",
     PH_GU: "gate/up", PH_KV_WRITE: "K/V cache write", PH_ATTENTION: "attention read",
     PH_DOWN: "down projection", PH_AR_MLP: "MLP all-reduce", PH_FINAL: "final norm",
+    PH_LAUNCH: "launch arguments",
 }  # fmt: skip
 
 
@@ -116,7 +124,11 @@ def describe_health(words: list[int] | tuple[int, ...]) -> str:
     reason = STATUS_NAMES.get(status, f"unknown status {status}")
     layer, phase = divmod(what, 16)
     where = f"layer {layer}, {PHASE_NAMES.get(phase, f'phase {phase}')}"
-    extra = {STATUS_PEER_TIMEOUT: f"rank {peer}", STATUS_BARRIER_TIMEOUT: f"generation {peer}"}
+    extra = {
+        STATUS_PEER_TIMEOUT: f"rank {peer}",
+        STATUS_BARRIER_TIMEOUT: f"generation {peer}",
+        STATUS_BAD_N: f"n={peer}",
+    }
     detail = extra.get(status, f"block {peer}")
     return f"{reason} ({where}, {detail}, step {step})"
 
@@ -172,17 +184,31 @@ def attn_partial_slots(layout: Layout, variant: Variant) -> int:
     return max(t.ctas for t in layout.targets.values()) + layout.variant_reqs(variant)[1]
 
 
-# Scratch "sync" region: two parity halves (by the scratch's own launch counter; a launch
-# zeroes the other half, so a launch that aborted leaves nothing behind) of SYNC_HALF bytes,
+# Scratch "sync" region. Sync state belongs to a launch, never to "whoever reads the counter":
+# every workgroup of every launch takes one ticket from the scratch's 64-bit ticket counter
+# (SYNC_TICKET, one atomic add) before it touches anything else. Launches on one stream run one
+# after the other and every workgroup of a launch takes exactly one ticket, so the tickets of a
+# launch are [id * ctas, (id + 1) * ctas) and ``ticket // ctas`` is the launch's id in every
+# workgroup, however late it was dispatched. Two parity halves of SYNC_HALF bytes (by id & 1),
 # each holding the grid barrier's arrive counter, its generation and the launch's abort word on
-# separate 128-byte lines, then the launch counter.
+# separate 128-byte lines: a launch works only in its own half and workgroup 0 zeroes the other
+# half (and the other parity's norm sums), which the next launch on this scratch uses and which
+# the previous launch, finished before this one started, can no longer touch. A late or aborted
+# workgroup therefore only ever writes its own launch's half.
 SYNC_LINE = 128
 SYNC_COUNT = 0
 SYNC_GEN = SYNC_LINE
 SYNC_ABORT = 2 * SYNC_LINE
 SYNC_HALF = 4 * SYNC_LINE
-SYNC_LAUNCHES = 2 * SYNC_HALF
-SYNC_BYTES = SYNC_LAUNCHES + SYNC_LINE
+SYNC_TICKET = 2 * SYNC_HALF  # uint64: workgroup arrivals since the scratch was zeroed
+SYNC_BYTES = SYNC_TICKET + SYNC_LINE
+
+
+def launch_id(ticket: int, ctas: int) -> int:
+    """The launch a workgroup's ticket belongs to (the kernel computes the same)."""
+    return ticket // ctas
+
+
 # Per-token sums of squares for the RMSNorms: fp32, one atomic add per workgroup and token.
 
 
@@ -216,7 +242,15 @@ def scratch_plan(layout: Layout, variant: Variant) -> BufferPlan:
 # Launches one step may hold (the epoch is step * EPOCH_SEQS + launch number in the step).
 EPOCH_SEQS = 64
 AR_KINDS = ("attn", "mlp")
-HDR_BYTES = 256  # peer-buffer header: int32 [last step seen, launches in that step]
+# Peer-buffer header (this rank's own, never written by a peer): a uint64 ticket counter at
+# HDR_TICKET with the same rule as SYNC_TICKET but shared by both variants (they share the
+# peer buffer, not the scratch), then per parity of that launch id an int32 pair (step seen,
+# launch number in that step) at HDR_SLOTS + 8 * parity. A launch reads its own parity's pair
+# and workgroup 0 writes the other parity's pair for the next launch, so no workgroup of a
+# launch can read a value another workgroup of the same launch wrote.
+HDR_BYTES = 256
+HDR_TICKET = 0
+HDR_SLOTS = 16
 
 
 def mbox_rows(layout: Layout) -> int:

@@ -58,7 +58,8 @@ def test_scratch_plan(variant):
     assert plan.size("h") == t * h * 2
     assert plan.size("ss") == 2 * (2 * LAY.model.layers + 1) * t * 4
     assert plan.size("sync") == abi.SYNC_BYTES
-    assert abi.SYNC_LAUNCHES >= 2 * abi.SYNC_HALF
+    assert abi.SYNC_TICKET >= 2 * abi.SYNC_HALF and abi.SYNC_TICKET % 8 == 0
+    assert abi.SYNC_TICKET + 8 <= abi.SYNC_BYTES
     assert max(abi.SYNC_COUNT, abi.SYNC_GEN, abi.SYNC_ABORT) + 4 <= abi.SYNC_HALF
     assert LAY.scratch_bytes(variant) == plan.total
 
@@ -89,6 +90,8 @@ def test_health_descriptions():
     text = abi.describe_health([abi.STATUS_PEER_TIMEOUT, 3 * 16 + abi.PH_AR_MLP, 2, 41])
     assert "peer" in text and "layer 3" in text and "MLP all-reduce" in text and "rank 2" in text
     assert "step 41" in text
+    text = abi.describe_health([abi.STATUS_BAD_N, abi.PH_LAUNCH, 200, 3])
+    assert "n is 0, above" in text and "launch arguments" in text and "n=200" in text
     text = abi.describe_health([abi.STATUS_BARRIER_TIMEOUT, abi.PH_QKV, 7, 0])
     assert "grid barrier" in text and "qkv" in text and "generation 7" in text
     assert len(set(abi.PHASE_NAMES)) == len(abi.PHASE_NAMES) and max(abi.PHASE_NAMES) < 16
