@@ -7,7 +7,7 @@ ARCH ?= gfx942
 # a looser pin would download a multi-GB GPU build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup test test-rocm build wheel lint clean
+.PHONY: setup test test-rocm build wheel dist lint clean
 
 setup: $(BIN)/mono-aot
 
@@ -31,12 +31,18 @@ test-rocm: setup
 build: setup
 	$(BIN)/mono-aot build --arch $(ARCH)
 
+# The kernel pack of one arch: builds what is missing into the user cache, then writes
+# artifacts/dist/mono_aot_kernels_$(ARCH)-<version>-py3-none-any.whl
 wheel: setup
-	$(BIN)/python -m pip wheel --quiet --no-deps -w artifacts/dist .
+	$(BIN)/mono-aot pack --arch $(ARCH) --out artifacts/dist
+
+# The mono-aot wheel itself (no binaries; carries the kernel source manifest)
+dist: setup
+	$(BIN)/python -m build --wheel --no-isolation --outdir artifacts/dist .
 
 lint: setup
-	$(BIN)/python -m ruff check mono_aot tests
-	$(BIN)/python -m ruff format --check mono_aot tests
+	$(BIN)/python -m ruff check mono_aot tests hatch_build.py
+	$(BIN)/python -m ruff format --check mono_aot tests hatch_build.py
 
 clean:
 	rm -rf $(VENV) artifacts/* .pytest_cache build dist *.egg-info
