@@ -12,7 +12,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_PIN ?= vllm==0.33.0
 
-.PHONY: setup test test-fast test-rocm test-vllm setup-vllm build wheel lint clean
+.PHONY: setup test test-fast test-rocm test-vllm setup-vllm build wheel dist lint clean
 
 setup: $(BIN)/mono-aot
 
@@ -59,12 +59,18 @@ test-rocm: setup
 build: setup
 	$(BIN)/mono-aot build --arch $(ARCH)
 
+# The kernel pack of one arch: builds what is missing into the user cache, then writes
+# artifacts/dist/mono_aot_kernels_$(ARCH)-<version>-py3-none-any.whl
 wheel: setup
-	$(BIN)/python -m pip wheel --quiet --no-deps -w artifacts/dist .
+	$(BIN)/mono-aot pack --arch $(ARCH) --out artifacts/dist
+
+# The mono-aot wheel itself (no binaries; carries the kernel source manifest)
+dist: setup
+	$(BIN)/python -m build --wheel --no-isolation --outdir artifacts/dist .
 
 lint: setup
-	$(BIN)/python -m ruff check mono_aot tests
-	$(BIN)/python -m ruff format --check mono_aot tests
+	$(BIN)/python -m ruff check mono_aot tests hatch_build.py
+	$(BIN)/python -m ruff format --check mono_aot tests hatch_build.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) artifacts/* .pytest_cache build dist *.egg-info
