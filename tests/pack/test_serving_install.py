@@ -35,8 +35,8 @@ NOBODY = 65534
 BUILD_ONLY = ("flydsl", "ziglang", "msgpack", "elftools", "build", "hatchling", "numpy")
 PY = f"python{sys.version_info.major}.{sys.version_info.minor}"
 
-# What the runtime loader does to get a kernel's bytes (mono_aot.runtime is not merged yet:
-# this is its lookup, Store.default(kernel_sources=...).lookup(served_key(...)), verbatim).
+# What the runtime loader does to get a kernel's bytes: mono_aot.runtime.miss.find_or_build in
+# strict mode (a miss raises instead of building), over the store layers serving reads.
 LOOKUP = textwrap.dedent("""
     import hashlib, json, sys
     import mono_aot.keys.sources as sources
@@ -45,16 +45,22 @@ LOOKUP = textwrap.dedent("""
         raise AssertionError("the installed mono-aot parsed its kernel sources")
 
     sources.parse_kernel_sources = parsed  # an installed wheel reads its manifest instead
+    import os
     from mono_aot.keys import served_key
     from mono_aot.keys.sources import kernel_source_digest
+    from mono_aot.runtime.miss import KernelMissing, find_or_build, served_store
     from mono_aot.spec.layouts import resolve_layout
-    from mono_aot.store import Store
 
     layout = resolve_layout("minimax-m3-dspark-tp4")
-    store = Store.default(kernel_sources=kernel_source_digest())
+    env = {**os.environ, "MONO_AOT_STRICT": "1"}
+    store = served_store(env)
     out = {"digest": kernel_source_digest(), "layers": [l.label for l in store.layers], "hits": {}}
     for variant in ("narrow", "wide"):
-        hit = store.lookup(served_key(variant, layout, "gfx942"))
+        try:
+            hit = find_or_build(served_key(variant, layout, "gfx942"), variant, layout, "gfx942",
+                                env=env)
+        except KernelMissing:
+            hit = None
         out["hits"][variant] = None if hit is None else {
             "sha256": hashlib.sha256(hit.data).hexdigest(), "size": len(hit.data),
             "entry_blob": hit.entry.blob.sha256, "layer": hit.layer.label,
