@@ -48,10 +48,17 @@ def agree(ok: bool, reason: str, what: str, group: Any) -> None:
     """Every rank learns every rank's outcome; all raise the same error if any failed, naming
     each failing rank and its reason (a collective: every rank of ``group`` must call it)."""
     outcomes = _gather((ok, reason), group)
-    failed = [(r, why) for r, (good, why) in enumerate(outcomes) if not good]
-    if failed:
-        detail = "; ".join(f"rank {r}: {why}" for r, why in failed)
-        raise MonoUnsupported(f"{what} failed on {len(failed)} rank(s): {detail}")
+    by_reason: dict[str, list[int]] = {}
+    for r, (good, why) in enumerate(outcomes):
+        if not good:
+            by_reason.setdefault(why, []).append(r)
+    if by_reason:
+        n = sum(len(ranks) for ranks in by_reason.values())
+        detail = "; ".join(
+            f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {why}"
+            for why, ranks in by_reason.items()
+        )
+        raise MonoUnsupported(f"{what} failed on {n} rank(s): {detail}")
 
 
 class PeerBuffer:

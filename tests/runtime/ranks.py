@@ -1,4 +1,5 @@
-"""Run a function in 4 spawned rank processes joined by a gloo group over a FileStore."""
+"""Run a function in spawned rank processes (4 unless told) joined by a gloo group over a
+FileStore."""
 
 from __future__ import annotations
 
@@ -42,19 +43,21 @@ def run_ranks(
     arg: Any = None,
     timeout: float = 240.0,
 ) -> list[tuple[bool, Any]]:
-    """``fn(rank, world, group, arg)`` on each rank; ``[(ok, result or error text)]`` by rank."""
+    """``fn(rank, world, group, arg)`` on each rank (one per ``envs`` entry); ``[(ok, result
+    or error text)]`` by rank."""
+    world = len(envs)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     store = str(tmp / "gloo-filestore")
     procs = [
-        ctx.Process(target=_main, args=(fn, r, WORLD, store, envs[r], q, arg), daemon=True)
-        for r in range(WORLD)
+        ctx.Process(target=_main, args=(fn, r, world, store, envs[r], q, arg), daemon=True)
+        for r in range(world)
     ]
     for p in procs:
         p.start()
     out: dict[int, tuple[bool, Any]] = {}
     try:
-        for _ in range(WORLD):
+        for _ in range(world):
             rank, ok, res = q.get(timeout=timeout)
             out[rank] = (ok, res)
     finally:
@@ -63,4 +66,4 @@ def run_ranks(
             if p.is_alive():
                 p.kill()
                 p.join(timeout=10)
-    return [out[r] for r in range(WORLD)]
+    return [out[r] for r in range(world)]
