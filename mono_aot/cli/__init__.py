@@ -19,7 +19,9 @@ from mono_aot.cli._common import run_main
 COMMANDS: dict[str, str] = {
     "layouts": "mono_aot.cli.layouts:layouts",
     "build": "mono_aot.cli.build:build",
+    "pack": "mono_aot.cli.pack:pack",
     "cache": "mono_aot.cli.cache:cache",
+    "coverage": "mono_aot.cli.coverage:coverage",
     "doctor": "mono_aot.cli.doctor:doctor",
     "selftest": "mono_aot.cli.selftest:selftest",
 }

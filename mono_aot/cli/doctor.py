@@ -12,7 +12,9 @@ import click
 from mono_aot import __version__
 from mono_aot.cli._common import emit_json, json_option
 from mono_aot.compiler.toolchain import HOW_TO_GET_A_LINKER, discover
+from mono_aot.keys.sources import kernel_source_digest
 from mono_aot.spec.errors import EXIT_FAILED, ToolchainError
+from mono_aot.store.packs import installed_packs
 from mono_aot.store.paths import (
     PACK_ENTRY_POINT_GROUP,
     extra_store_roots,
@@ -82,10 +84,12 @@ def collect() -> dict:
                 "fix": "set MONO_AOT_CACHE_DIR to a writable folder",
             }
         )
-    packs = [
-        {"name": ep.name, "value": ep.value, "dist": ep.dist.name if ep.dist else None}
-        for ep in md.entry_points(group=PACK_ENTRY_POINT_GROUP)
-    ]
+    try:
+        digest = kernel_source_digest()
+    except (OSError, ValueError) as e:  # an install whose kernel sources cannot be read
+        digest = None
+        missing.append({"what": f"the kernel source digest ({e})", "fix": "reinstall mono-aot"})
+    packs = [p.as_json(digest) for p in installed_packs()]
     return {
         "mono_aot": __version__,
         "python": sys.version.split()[0],
@@ -102,6 +106,8 @@ def collect() -> dict:
         },
         "linker_skipped": skipped,
         "stores": stores,
+        "kernel_sources": digest,
+        "pack_group": PACK_ENTRY_POINT_GROUP,
         "packs": packs,
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("MONO_AOT_")},
         "missing": missing,
@@ -136,7 +142,17 @@ def doctor(as_json: bool, for_build: bool) -> None:
                 state, exists = "unusable", f" ({s['not_a_directory']} is not a directory)"
             click.echo(f"store   {s['layer']}: {s['root']}  {state}{exists}")
         for p in doc["packs"]:
-            click.echo(f"pack    {p['name']} = {p['value']} ({p['dist']})")
+            dist = f"{p['dist']} {p['dist_version']}" if p["dist"] else p["value"]
+            if p["status"] == "served":
+                built = (
+                    f"mono-aot {p['mono_aot']}, kernel sources {p['kernel_sources'][:16]}, "
+                    f"{p['entries']} entries"
+                    if p["mono_aot"]
+                    else "no pack index"
+                )
+                click.echo(f"pack    {p['name']}: {dist}  served  ({built}; {p['root']})")
+            else:
+                click.echo(f"pack    {p['name']}: {dist}  skipped: {p['reason']}")
         for m in doc["missing"]:
             click.echo(f"missing {m['what']}: {m['fix']}")
         if not doc["missing"]:

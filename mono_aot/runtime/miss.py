@@ -57,6 +57,15 @@ def _shipped_name(layout: Layout) -> str | None:
     return layout.name if same else None
 
 
+def served_store(env: dict[str, str]) -> Store:
+    """The store layers serving looks in: packs built from other kernel sources are skipped
+    (and named once), since none of their keys could be the ones this install computes."""
+    from mono_aot.keys.sources import kernel_source_digest
+    from mono_aot.store import Store
+
+    return Store.default(env, kernel_sources=kernel_source_digest())
+
+
 def find_or_build(
     key: str,
     variant: str,
@@ -67,10 +76,8 @@ def find_or_build(
     env: dict[str, str] | None = None,
 ) -> Hit:
     """The verified hit for ``key``, applying the miss policy."""
-    from mono_aot.store import Store
-
     env = dict(os.environ if env is None else env)
-    store = store if store is not None else Store.default(env)
+    store = store if store is not None else served_store(env)
     hit = store.lookup(key)
     if hit is not None:
         return hit
@@ -115,7 +122,7 @@ def find_or_build(
         )
     for line in p.stdout.strip().splitlines():
         log.info("just-in-time build: %s", line)
-    hit = Store.default(env).lookup(key)
+    hit = served_store(env).lookup(key)
     if hit is None:
         raise MonoError(f"the just-in-time build ({cmd}) succeeded but key {key} is still missing")
     return hit

@@ -36,21 +36,22 @@ def _release(hip: Hip, local: int, opened: list[int]) -> list[str]:
     return problems
 
 
-def _gather(obj: Any, group: Any, world: int) -> list[Any]:
+def _gather(obj: Any, group: Any) -> list[Any]:
     import torch.distributed as dist
 
-    out: list[Any] = [None] * world
+    out: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(out, obj, group=group)
     return out
 
 
-def _agree(ok: bool, reason: str, what: str, group: Any, world: int) -> None:
-    """Every rank learns every rank's outcome; all raise if any failed."""
-    outcomes = _gather((ok, reason), group, world)
+def agree(ok: bool, reason: str, what: str, group: Any) -> None:
+    """Every rank learns every rank's outcome; all raise the same error if any failed, naming
+    each failing rank and its reason (a collective: every rank of ``group`` must call it)."""
+    outcomes = _gather((ok, reason), group)
     failed = [(r, why) for r, (good, why) in enumerate(outcomes) if not good]
     if failed:
         detail = "; ".join(f"rank {r}: {why}" for r, why in failed)
-        raise MonoUnsupported(f"peer buffers: {what} failed on {len(failed)} rank(s): {detail}")
+        raise MonoUnsupported(f"{what} failed on {len(failed)} rank(s): {detail}")
 
 
 class PeerBuffer:
@@ -75,8 +76,8 @@ class PeerBuffer:
         except Exception as e:  # noqa: BLE001 - reported to every rank below
             reason = str(e) or type(e).__name__
         try:
-            _agree(not reason, reason, "allocation", group, world)
-            handles = _gather(handle, group, world)
+            agree(not reason, reason, "peer buffers: allocation", group)
+            handles = _gather(handle, group)
             pe, reason = [], ""
             try:
                 for r, h in enumerate(handles):
@@ -88,7 +89,7 @@ class PeerBuffer:
                         pe.append(p)
             except Exception as e:  # noqa: BLE001
                 reason = str(e) or type(e).__name__
-            _agree(not reason, reason, "IPC mapping", group, world)
+            agree(not reason, reason, "peer buffers: IPC mapping", group)
         except BaseException:
             _release(hip, self.local, self._opened)
             self.local = 0

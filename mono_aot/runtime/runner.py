@@ -169,16 +169,47 @@ class DrafterRunner:
         store: Store | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
-        import torch
-
-        from mono_aot.runtime.device import TorchHipDevice
-        from mono_aot.runtime.loader import load_launcher
-        from mono_aot.runtime.peer import PeerBuffer
-        from mono_aot.spec.arch import base_arch
+        from mono_aot.runtime.peer import PeerBuffer, agree
         from mono_aot.spec.layouts import resolve_layout
 
         lay = resolve_layout(layout) if isinstance(layout, str) else layout
         self.layout = lay
+        group = tp if isinstance(tp, TPGroup) else (tp or vllm_tp_group)()
+        if group.world_size != lay.parallel.tp:
+            raise MonoUnsupported(
+                f"TP {group.world_size}: the kernels are built for TP {lay.parallel.tp}"
+            )
+        self.rank = group.rank
+        # Construction is collective and all-or-nothing: a rank whose own checks or kernel
+        # loads fail still joins the agreement, so no peer waits for it in the IPC exchange
+        # and every rank raises the same MonoUnsupported naming it.
+        reason = ""
+        try:
+            self._prepare(model, device, attention_context, store, env)
+        except Exception as e:  # noqa: BLE001 - reported to every rank
+            reason = f"{type(e).__name__}: {e}" if not isinstance(e, MonoError) else str(e)
+        agree(not reason, reason, "drafter runner", group.cpu_group)
+        self.peers = PeerBuffer(
+            lay.peer_bytes, group.cpu_group, self.rank, group.world_size, self.device.hip
+        )
+        self.pe = [int(a) for a in self.peers.addresses.tolist()]
+
+    def _prepare(
+        self,
+        model: Any,
+        device: Device | None,
+        attention_context: Callable[[str], AttentionContext] | None,
+        store: Store | None,
+        env: dict[str, str] | None,
+    ) -> None:
+        """This rank's checks, tensors and kernels: everything before the collective."""
+        import torch
+
+        from mono_aot.runtime.device import TorchHipDevice
+        from mono_aot.runtime.loader import load_launcher
+        from mono_aot.spec.arch import base_arch
+
+        lay = self.layout
         m, s = lay.model, lay.serving
         self.device = device if device is not None else TorchHipDevice(env=env)
         facts = self.device.facts()
@@ -191,11 +222,6 @@ class DrafterRunner:
         if facts.cus != lay.ctas(arch):
             raise MonoUnsupported(
                 f"{facts.cus} CUs: the kernels need all {lay.ctas(arch)} CTAs co-resident"
-            )
-        group = tp if isinstance(tp, TPGroup) else (tp or vllm_tp_group)()
-        if group.world_size != lay.parallel.tp:
-            raise MonoUnsupported(
-                f"TP {group.world_size}: the kernels are built for TP {lay.parallel.tp}"
             )
         if len(model.layers) != m.layers:
             raise MonoUnsupported(f"{len(model.layers)} draft layers: the kernels run {m.layers}")
@@ -236,7 +262,6 @@ class DrafterRunner:
                     + ": the kernels read contiguous fp8 bytes"
                 )
         dev = self.caches[0].device
-        self.rank = group.rank
         self.packed = {
             f"{p}_{k}": torch.stack([w[f"{p}_{k}"] for w in self.layers]).contiguous()
             for p, _ in PROJECTIONS
@@ -251,15 +276,11 @@ class DrafterRunner:
         self.step = torch.zeros(1, dtype=torch.int32, device=dev)
         self.no_slots = torch.full((s.qpr * s.max_reqs,), -1, dtype=torch.int64, device=dev)
         self._attention_context = attention_context
-        # the kernels before the collective: a rank that cannot load them fails alone here,
+        # the kernels before the collective: a rank that cannot load them is named there,
         # before any peer has mapped its buffer
         self.launchers: dict[str, Launcher] = {
             v: load_launcher(v, lay, self.device, store=store, env=env) for v in lay.variants()
         }
-        self.peers = PeerBuffer(
-            lay.peer_bytes, group.cpu_group, self.rank, group.world_size, self.device.hip
-        )
-        self.pe = [int(a) for a in self.peers.addresses.tolist()]
 
     def _pointer_table(self) -> torch.Tensor:
         """``tab[layer, slot]``; every slot a kernel dereferences must be a real address."""

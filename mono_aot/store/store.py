@@ -62,9 +62,17 @@ class Store:
         self.layers: tuple[Layer, ...] = tuple(layers)
 
     @classmethod
-    def default(cls, env: Mapping[str, str] | None = None) -> Store:
+    def default(
+        cls, env: Mapping[str, str] | None = None, *, kernel_sources: str | None = None
+    ) -> Store:
         """``MONO_AOT_PATH`` roots (read-only), the user cache (writable if the filesystem lets
-        this user write it), then installed packs (read-only)."""
+        this user write it), then installed packs (read-only).
+
+        ``kernel_sources``: the installed kernel-source digest
+        (``mono_aot.keys.sources.kernel_source_digest()``); packs built from other sources are
+        then left out, with one warning each per process. Serving code passes it; without it,
+        packs are checked for loading only (their keys still never match another digest's).
+        """
         env = dict(os.environ if env is None else env)
         cache = user_cache_root(env)
         layers: list[Layer] = []
@@ -74,7 +82,7 @@ class Store:
                 seen.add(_real(root))
                 layers.append(Layer(root, PATH, False, "MONO_AOT_PATH"))
         layers.append(Layer(cache, CACHE, is_writable_dir(cache), "user cache"))
-        for name, root in pack_roots():
+        for name, root in pack_roots(kernel_sources):
             if _real(root) not in seen:
                 seen.add(_real(root))
                 layers.append(Layer(root, PACK, False, f"pack {name}"))

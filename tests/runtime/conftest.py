@@ -102,3 +102,19 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
     assert p.returncode == 0, p.stderr
     return root
+
+
+@pytest.fixture(scope="session")
+def one_rank_group(tmp_path_factory: pytest.TempPathFactory):
+    """A gloo group of this process alone: runner construction is collective (its agreement
+    gathers over the TP CPU group), and single-process tests agree with themselves."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        store = dist.FileStore(str(tmp_path_factory.mktemp("gloo") / "store"), 1)
+        dist.init_process_group(
+            "gloo", store=store, rank=0, world_size=1, timeout=timedelta(seconds=60)
+        )
+    return dist.group.WORLD

@@ -14,7 +14,6 @@ from mono_aot.spec.layouts import resolve_layout
 from tests.runtime.vllm_model import draft_model
 
 LAY = resolve_layout("minimax-m3-dspark-tp4")
-TP = TPGroup(4, 0, None)
 
 
 @pytest.fixture(scope="module")
@@ -22,9 +21,15 @@ def model():
     return draft_model(LAY)
 
 
-def _raises(model, match, tp=TP):
+@pytest.fixture(autouse=True)
+def _tp(one_rank_group):
+    global TP
+    TP = TPGroup(4, 0, one_rank_group)
+
+
+def _raises(model, match, tp=None):
     with pytest.raises(MonoUnsupported, match=match):
-        DrafterRunner(model, LAY, tp=tp)
+        DrafterRunner(model, LAY, tp=tp or TP)
 
 
 def test_cu_count(hip_env, model, monkeypatch):
@@ -230,6 +235,43 @@ def test_runner_chunks_steps_into_launches_on_4_ranks(stand_in_lib, artifacts, t
         ]
         for row in info["tab"]:
             assert all(row[slot] != 0 for slot in (0, 1, 2, 3, 4, 5, 6)) and row[7] == 64
+
+
+def _build_only(rank, world, group, arg):
+    from mono_aot.spec.errors import MonoUnsupported
+
+    lay = resolve_layout("minimax-m3-dspark-tp4")
+    try:
+        DrafterRunner(draft_model(lay), lay, tp=TPGroup(world, rank, group)).close()
+    except MonoUnsupported as e:
+        return str(e)
+    return "built"
+
+
+@pytest.mark.slow
+def test_a_rank_failing_its_own_checks_makes_every_rank_raise_the_same_error(
+    stand_in_lib, artifacts, tmp_path
+):
+    """Rank 2 sees 228 CUs: it fails before the peer exchange, yet no rank waits for it there;
+    all four raise one MonoUnsupported naming rank 2 and its reason, and nothing was mapped."""
+    from tests.runtime.conftest import Calls, stand_in_env
+    from tests.runtime.ranks import run_ranks
+
+    logs = [tmp_path / f"calls-{r}.jsonl" for r in range(4)]
+    envs = [
+        stand_in_env(stand_in_lib, logs[r], MONO_AOT_PATH=str(artifacts), MONO_AOT_STRICT="1",
+                     MONO_AOT_CACHE_DIR=str(tmp_path / "cache"),
+                     **({"MONO_AOT_STANDIN_CUS": "228"} if r == 2 else {}))
+        for r in range(4)
+    ]  # fmt: skip
+    res = run_ranks(_build_only, tmp_path, envs, timeout=300)
+    assert all(ok for ok, _ in res), res
+    said = {msg for _, msg in res}
+    assert len(said) == 1, said
+    [msg] = said
+    assert msg.startswith("drafter runner failed on 1 rank(s): rank 2: 228 CUs"), msg
+    for log in logs:
+        assert Calls(log).of("hipExtMallocWithFlags") == []
 
 
 def test_forward_writes_into_a_given_out_buffer_and_checks_it(model):
