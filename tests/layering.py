@@ -25,7 +25,7 @@ ALLOWED: dict[str, set[str]] = {
     "compiler": {"spec", "keys", "store", "compiler"},
     "runtime": {"spec", "keys", "store", "runtime"},
     "vllm": {"spec", "keys", "store", "runtime", "vllm"},
-    "selftest": {"spec", "keys", "store", "runtime", "reference", "selftest", "kernels"},
+    "selftest": {"spec", "keys", "store", "runtime", "reference", "selftest"},
     "bench": {"spec", "keys", "store", "runtime", "reference", "compiler", "selftest", "bench"},
     "cli": {
         "spec", "keys", "store", "reference", "compiler", "runtime", "vllm", "selftest",

@@ -1,8 +1,9 @@
 """``mono-aot selftest``: run the drafter kernels on this machine's GPUs against the reference.
 
 Exit codes: 0 every check passed; 1 a check failed or could not finish (a rank crashed or hung);
-2 bad input; 3 this machine cannot run the selftest (no ROCm torch, no FlyDSL, or fewer than
-``tp`` GPUs of a targeted arch with the layout's CU count): nothing was tested.
+2 bad input; 3 this machine cannot run the selftest (no ROCm torch, or fewer than ``tp`` GPUs
+of a targeted arch with the layout's CU count): nothing was tested. The kernels come from the
+store; only a kernel missing from it needs FlyDSL (built once, unless MONO_AOT_STRICT=1).
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from __future__ import annotations
 import click
 
 from mono_aot.cli._common import emit_json, json_option
-from mono_aot.selftest import CHECKS, DEFAULT_REPLAYS, EXIT_NO_DEVICE, run_selftest
-from mono_aot.spec.errors import EXIT_FAILED, EXIT_OK, BadInput
+from mono_aot.selftest import CHECKS, DEFAULT_REPLAYS, run_selftest
+from mono_aot.spec.errors import EXIT_FAILED, EXIT_NO_DEVICE, EXIT_OK, BadInput
 from mono_aot.spec.layouts import resolve_layout, shipped_layout_paths
 
 

@@ -367,8 +367,11 @@ class DrafterRunner:
         context: AttentionContext | None = None,
         *,
         stream: Any = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The layers and the final norm of a draft step: ``(n, hidden)`` bf16."""
+        """The layers and the final norm of a draft step: ``(n, hidden)`` bf16, written into
+        ``out`` when given (contiguous bf16 ``(n, hidden)`` on the caches' device; a buffer
+        kept across steps, e.g. one a CUDA graph captured, or a poisoned one in a test)."""
         import torch
 
         lay = self.layout
@@ -396,7 +399,18 @@ class DrafterRunner:
         slots = context.slots if context.slots is not None else self.no_slots[:n]
         bt = context.block_table
         x = inputs_embeds.contiguous()
-        out = torch.empty((n, lay.model.hidden), dtype=torch.bfloat16, device=x.device)
+        if out is None:
+            out = torch.empty((n, lay.model.hidden), dtype=torch.bfloat16, device=x.device)
+        elif (
+            tuple(out.shape) != (n, lay.model.hidden)
+            or out.dtype != torch.bfloat16
+            or out.device != x.device
+            or not out.is_contiguous()
+        ):
+            raise BadInput(
+                f"out {out.dtype} {tuple(out.shape)} on {out.device}: expected contiguous "
+                f"bfloat16 ({n}, {lay.model.hidden}) on {x.device}"
+            )
         # a request reads only its own rows and cache and every GEMV row is per token, so a
         # step splits into independent launches (each takes a fresh tag in the kernels)
         for r0, k, variant in self.chunks(n // q):

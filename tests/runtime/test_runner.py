@@ -272,3 +272,37 @@ def test_a_rank_failing_its_own_checks_makes_every_rank_raise_the_same_error(
     assert msg.startswith("drafter runner failed on 1 rank(s): rank 2: 228 CUs"), msg
     for log in logs:
         assert Calls(log).of("hipExtMallocWithFlags") == []
+
+
+def test_forward_writes_into_a_given_out_buffer_and_checks_it(model):
+    """``forward(out=...)``: the launches write into the caller's buffer (a graph-captured or
+    poisoned one), whose shape, dtype and layout are checked before any launch."""
+    from types import SimpleNamespace as NS
+
+    from mono_aot.runtime.runner import AttentionContext
+    from mono_aot.spec.errors import BadInput
+
+    calls = []
+    r = DrafterRunner.__new__(DrafterRunner)
+    r.layout = LAY
+    r.launchers = {v: (lambda *a, stream=None: calls.append(a)) for v in LAY.variants()}
+    r.packed = {f"{p}_{k}": torch.zeros(1) for p in ("qkv", "o", "gu", "d") for k in "ws"}
+    r.tab = r.final_norm = r.cos_sin = torch.zeros(1)
+    r.scratch = {v: torch.zeros(1) for v in LAY.variants()}
+    r.peers, r.pe, r.rank = NS(local=1), [1, 2, 3, 4], 0
+    r.step, r.health = torch.zeros(1, dtype=torch.int32), torch.zeros(4, dtype=torch.int32)
+    r.no_slots = torch.full((LAY.serving.qpr * 16,), -1, dtype=torch.int64)
+    q, hid = LAY.serving.qpr, LAY.model.hidden
+    n = 10 * q  # wide 8 + narrow 2
+    ctx = AttentionContext(
+        torch.zeros(10, 4, dtype=torch.int32), torch.ones(10, dtype=torch.int32), None
+    )
+    x = torch.zeros(n, hid, dtype=torch.bfloat16)
+    out = torch.full((n, hid), float("nan"), dtype=torch.bfloat16)
+    got = r.forward(torch.zeros(n, dtype=torch.int64), x, ctx, out=out)
+    assert got is out and len(calls) == 2
+    assert [c[1] for c in calls] == [out.data_ptr(), out[8 * q :].data_ptr()]  # out of each launch
+    for bad in (out[:-q], out.float(), torch.empty(hid, n, dtype=torch.bfloat16).t()):
+        with pytest.raises(BadInput, match="out "):
+            r.forward(torch.zeros(n, dtype=torch.int64), x, ctx, out=bad)
+    assert len(calls) == 2 and int(r.step) == 1

@@ -1,14 +1,14 @@
-"""The drafter kernels on real GPUs (marked ``rocm``: skipped without a ROCm device).
+"""Every ``mono-aot selftest`` check on real GPUs (marked ``rocm``: skipped without one).
 
-On an MI300X (gfx942, 304 CUs) or MI355X (gfx950, 256 CUs) box with at least 4 such GPUs and
-FlyDSL installed::
+On an MI300X (gfx942, 304 CUs) or MI355X (gfx950, 256 CUs) box with at least 4 such GPUs::
 
-    pytest -m rocm tests/kernels/test_drafter_rocm.py
+    pytest -m rocm tests/selftest/test_selftest_rocm.py
 
-runs every ``mono-aot selftest`` check once (one cluster of 4 rank processes, one JIT compile
-per variant and rank) and asserts each verdict: both variants at every request count against
-the float64 reference (rel err <= 2e-2, K/V bytes equal), a dead rank recorded in health
-without a hang, 100 graph replays with no host reset.
+runs every check once (one cluster of 4 rank processes; the stored kernels through the runtime,
+built once first if the store lacks them, which needs FlyDSL) and asserts each verdict: both
+variants at every request count and the multi-launch steps against the float64 reference (rel
+err <= 2e-2, K/V bytes equal), a dead rank recorded in health without a hang, 100 graph replays
+with no host reset.
 """
 
 from __future__ import annotations
@@ -44,3 +44,11 @@ def test_variant_cases_cover_every_request_count(verdicts):
         assert got == st.request_counts(lay, v)
         assert all(c["max_rel_error"] <= st.TOLERANCE for c in verdicts[v].cases)
         assert all(c["kv_bad_bytes"] == 0 for c in verdicts[v].cases)
+
+
+def test_multi_launch_steps_mix_variants(verdicts):
+    lay = resolve_layout("minimax-m3-dspark-tp4")
+    cases = verdicts["multi-launch"].cases
+    assert [c["requests"] for c in cases] == st.multi_launch_counts(lay)
+    assert any("narrow" in c["launches"] and "wide" in c["launches"] for c in cases)
+    assert all(c["ok"] and c["max_rel_error"] <= st.TOLERANCE for c in cases)

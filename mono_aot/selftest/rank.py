@@ -1,0 +1,186 @@
+"""What each selftest rank process runs (through ``mono_aot.selftest.cluster``): a draft model
+with vLLM's attribute paths holding the reference problem's weights on this rank's GPU, the
+runtime's ``DrafterRunner`` over it (stored code objects through the loader, peer buffers over
+HIP IPC exchanged on the cluster's gloo group), and one step at a time, launched by
+``runner.forward`` exactly as vLLM would, then read back for the parent to judge.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from types import SimpleNamespace as NS
+from typing import TYPE_CHECKING, Any
+
+from mono_aot.selftest.cluster import RankContext
+
+if TYPE_CHECKING:
+    import torch
+
+    from mono_aot.spec.layouts import Layout
+
+# (projection attribute path, packed name) under a draft layer
+_PROJ = {
+    "qkv": ("self_attn", "qkv_proj"),
+    "o": ("self_attn", "o_proj"),
+    "gu": ("mlp", "gate_up_proj"),
+    "d": ("mlp", "down_proj"),
+}
+
+
+def draft_model(
+    weights: dict[str, Any],
+    caches: list[torch.Tensor],
+    cos_sin: torch.Tensor,
+) -> NS:
+    """A ``MiniMaxM3DSparkModel`` as the runner sees it (vLLM's attribute paths), holding one
+    rank's packed reference weights (``mono_aot.reference.RankWeights`` fields as a dict),
+    its per-layer KV caches and the rope cache. Views, not copies."""
+    packed, norms = weights["packed"], weights["norms"]
+    layers = []
+    for i, kv in enumerate(caches):
+
+        def proj(name: str, i: int = i) -> NS:
+            return NS(weight=packed[f"{name}_w"][i], weight_scale=packed[f"{name}_s"][i])
+
+        def norm(name: str, i: int = i) -> NS:
+            return NS(weight=norms[name][i])
+
+        attn = NS(
+            kv_cache=[kv],
+            layer_name=f"model.layers.{i}.self_attn.attn",
+            _k_scale=weights["k_scale"][i : i + 1],
+            _v_scale=weights["v_scale"][i : i + 1],
+        )
+        layers.append(
+            NS(
+                input_layernorm=norm("w_in"),
+                post_attention_layernorm=norm("w_post"),
+                self_attn=NS(
+                    q_norm=norm("w_q"),
+                    k_norm=norm("w_k"),
+                    qkv_proj=proj("qkv"),
+                    o_proj=proj("o"),
+                    attn=attn,
+                ),
+                mlp=NS(gate_up_proj=proj("gu"), down_proj=proj("d")),
+            )
+        )
+    return NS(
+        layers=layers,
+        norm=NS(weight=weights["final_norm"]),
+        _rope_cos_sin_cache=cos_sin,
+    )
+
+
+def init_rank(ctx: RankContext, msg: dict[str, Any]) -> dict[str, Any]:
+    """Load this rank's weights onto its GPU and build the runner(s): ``msg`` holds the
+    ``device``, the ``layout`` (and ``short``, the dead-rank layout, or None), the ``weights``
+    file, ``blocks`` per KV cache, the ``rope`` cache file and the fp8 ``nan_code``."""
+    import torch
+
+    from mono_aot.runtime.runner import DrafterRunner, TPGroup
+
+    torch.cuda.set_device(msg["device"])
+    dev = torch.device("cuda", msg["device"])
+    lay: Layout = msg["layout"]
+    w = torch.load(msg["weights"], weights_only=True)
+    weights = {
+        "packed": {k: t.to(dev) for k, t in w["packed"].items()},
+        "norms": {k: t.to(dev) for k, t in w["norms"].items()},
+        **{k: w[k].to(dev) for k in ("k_scale", "v_scale", "final_norm")},
+    }
+    shape = (msg["blocks"], lay.kv_heads_per_rank, lay.serving.kv_block, lay.kv_entry_bytes)
+    caches = [
+        torch.full(shape, msg["nan_code"], dtype=torch.uint8, device=dev)
+        for _ in range(lay.model.layers)
+    ]
+    cos_sin = torch.load(msg["rope"], weights_only=True).to(dev)
+    model = draft_model(weights, caches, cos_sin)
+    tp = TPGroup(ctx.world, ctx.rank, ctx.group)
+    env = dict(os.environ)
+    runners = {"normal": DrafterRunner(model, lay, tp=tp, env=env)}
+    if msg.get("short") is not None:
+        runners["short"] = DrafterRunner(model, msg["short"], tp=tp, env=env)
+    ctx.state.update(runners=runners, caches=caches, nan_code=msg["nan_code"], device=dev)
+    return {
+        "rank": ctx.rank,
+        "kernels": {
+            f"{name}/{v}": f.entry.key
+            for name, r in runners.items()
+            for v, f in r.launchers.items()
+        },
+    }
+
+
+def run_step(ctx: RankContext, msg: dict[str, Any]) -> dict[str, Any]:
+    """One step on this rank: the case's caches into the model's, a NaN-poisoned output,
+    ``runner.forward`` right after a gloo barrier (all ranks launch within milliseconds, far
+    inside the wait bound), optionally captured in a graph and replayed; the results back.
+
+    ``msg``: ``case`` (the step's inputs file), ``caches`` (this rank's pre-step caches file),
+    ``runner`` (``normal`` or ``short``), ``launch`` (False: this rank plays dead),
+    ``set_step`` / ``reset_health`` (host-side resets), ``replays``.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from mono_aot.runtime.runner import AttentionContext
+
+    st = ctx.state
+    runner = st["runners"][msg.get("runner", "normal")]
+    dev = st["device"]
+    case = torch.load(msg["case"], weights_only=True)
+    pre = torch.load(msg["caches"], weights_only=True)
+    blocks = pre[0].shape[0]
+    for kv, c in zip(st["caches"], pre, strict=True):
+        kv[:blocks].copy_(c)
+        kv[blocks:].fill_(st["nan_code"])
+    x = case["x"].to(dev)
+    positions = case["positions"].to(dev)
+    slots = case["slots"].to(dev)
+    seq_lens = case["seq_lens"].to(dev)
+    base = case["bt_base"].to(dev)
+    bt = base.as_strided(case["bt_shape"], case["bt_stride"], case["bt_offset"])
+    n = x.shape[0]
+    out = torch.full((n, x.shape[1]), float("nan"), dtype=torch.bfloat16, device=dev)
+    if msg.get("set_step") is not None:
+        runner.step.fill_(int(msg["set_step"]))
+    if msg.get("reset_health"):
+        runner.health.zero_()
+    context = AttentionContext(block_table=bt, seq_lens=seq_lens, slots=slots)
+    replays = int(msg.get("replays", 0))
+    result: dict[str, Any] = {
+        "rank": ctx.rank,
+        "chunks": runner.chunks(n // runner.layout.serving.qpr),
+    }
+    torch.cuda.synchronize()
+    dist.barrier(group=ctx.group)
+    t0 = time.perf_counter()
+    if msg.get("launch", True):
+        runner.forward(positions, x, context, out=out)
+        if replays:
+            torch.cuda.synchronize()
+            result["health_before_replay"] = runner.health.cpu().tolist()
+            result["out_before_replay"] = out.cpu()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                runner.forward(positions, x, context, out=out)
+            dist.barrier(group=ctx.group)  # every rank captured before any replays
+            for _ in range(replays):
+                graph.replay()
+        torch.cuda.synchronize()
+    result["seconds"] = time.perf_counter() - t0
+    result["out"] = out.cpu()
+    result["caches"] = [kv[:blocks].cpu() for kv in st["caches"]]
+    result["outside_bad"] = sum(int((kv[blocks:] != st["nan_code"]).sum()) for kv in st["caches"])
+    result["health"] = runner.health.cpu().tolist()
+    result["step"] = int(runner.step.item())
+    return result
+
+
+def close_rank(ctx: RankContext, _: Any) -> None:
+    """Release the peer buffers (collective-free) before the process leaves."""
+    for r in ctx.state.get("runners", {}).values():
+        r.close()
+    ctx.state.clear()
