@@ -24,6 +24,9 @@ $(BIN)/mono-aot: pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[build,dev]" "$(TORCH_PIN)"
 	@touch $@
 
+# The runtime's and the vLLM plugin's tests load the shipped kernels from one store, built once.
+export MONO_AOT_TEST_STORE ?= $(CURDIR)/artifacts/test-store
+
 test: setup
 	$(BIN)/python -m pytest -q
 
@@ -46,9 +49,8 @@ $(VLLM_BIN)/.installed: pyproject.toml requirements/vllm-cpu.txt
 	@touch $@
 
 test-vllm: setup setup-vllm
-	$(BIN)/mono-aot build --layout minimax-m3-dspark-tp4 --arch gfx942 --store artifacts/test-store
-	MONO_AOT_TEST_STORE=$(CURDIR)/artifacts/test-store MONO_AOT_REQUIRE_VLLM=1 VLLM_TARGET_DEVICE=cpu \
-		$(VLLM_BIN)/python -m pytest -q tests/vllm
+	$(BIN)/mono-aot build --layout minimax-m3-dspark-tp4 --arch gfx942 --store "$(MONO_AOT_TEST_STORE)"
+	MONO_AOT_REQUIRE_VLLM=1 VLLM_TARGET_DEVICE=cpu $(VLLM_BIN)/python -m pytest -q tests/vllm
 
 # On an MI300X / MI355X box with a ROCm build of torch already in .venv
 # (make setup TORCH_PIN=torch keeps it): the GPU tests, then the kernels' selftest.
