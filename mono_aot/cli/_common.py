@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import signal
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -13,6 +16,7 @@ from mono_aot.spec.errors import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
     BadInput,
     MissingExtra,
     MonoError,
@@ -24,6 +28,23 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON i
 OPTION_OF_FIELD = {"arch": "--arch", "variant": "--variant", "layout": "--layout"}
 # Library errors that a command-line option fixes, and the hint that says so.
 _HINTS = {"StoreReadOnly": "(or pass --store DIR to a command that takes it)"}
+
+
+@contextlib.contextmanager
+def sigterm_exits() -> Iterator[None]:
+    """SIGTERM ends the command like Ctrl-C, exit 143: the build's workers run in sessions of
+    their own, so a SIGTERM to this process alone would leave them compiling as orphans; the
+    SystemExit unwinds through the build, which stops every worker."""
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        click.echo("mono-aot: terminated", err=True)
+        raise SystemExit(EXIT_TERMINATED)
+
+    old = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def require_module(module: str, what: str, extra: str) -> None:
@@ -116,3 +137,16 @@ def run_main(group: click.Group, argv: list[str] | None) -> int:
         click.echo(f"mono-aot: {where}{e.strerror or e}", err=True)
         return EXIT_FAILED
     return 0
+
+
+def result_line(res: Any) -> str:
+    """One line per build job (``build`` and ``pack`` print the same)."""
+    from mono_aot.compiler.run import BUILT, HIT, REBUILT
+
+    name = res.job.name
+    if res.status == HIT:
+        return f"hit      {name}  {res.job.key[:12]}"
+    if res.status in (BUILT, REBUILT):
+        extra = f" (stale: {res.reason})" if res.status == REBUILT else ""
+        return f"{res.status:<8} {name}  {res.job.key[:12]}  in {res.seconds:.1f} s{extra}"
+    return f"failed   {name}: {res.reason}"

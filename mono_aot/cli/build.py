@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from pathlib import Path
 
 import click
 
-from mono_aot.cli._common import emit_json, json_option, require_module
-from mono_aot.spec.errors import EXIT_TERMINATED, BadInput, MonoError
+from mono_aot.cli._common import (
+    emit_json,
+    json_option,
+    require_module,
+    result_line,
+    sigterm_exits,
+)
+from mono_aot.spec.errors import BadInput, MonoError
 from mono_aot.spec.layouts import VARIANTS
 
 
@@ -168,28 +173,21 @@ def build(
         if bar is not None:
             bar.update(1, res)
         elif not as_json:
-            click.echo(_result_line(res))
+            click.echo(result_line(res))
 
-    def on_sigterm(signum, frame) -> None:
-        # like Ctrl-C: run_jobs stops every worker (they run in their own sessions, so a
-        # SIGTERM to this process alone would leave them compiling as orphans)
-        click.echo("mono-aot: terminated", err=True)
-        raise SystemExit(EXIT_TERMINATED)
-
-    old_term = signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        results = run_jobs(
-            jobs,
-            store,
-            provider,
-            toolchain,
-            parallel=n,
-            force=force,
-            timeout=timeout or DEFAULT_TIMEOUT_S,
-            on_result=on_result,
-        )
+        with sigterm_exits():
+            results = run_jobs(
+                jobs,
+                store,
+                provider,
+                toolchain,
+                parallel=n,
+                force=force,
+                timeout=timeout or DEFAULT_TIMEOUT_S,
+                on_result=on_result,
+            )
     finally:
-        signal.signal(signal.SIGTERM, old_term)
         if bar is not None:
             bar.__exit__(None, None, None)
 
@@ -208,7 +206,7 @@ def build(
     else:
         if bar is not None:
             for r in results:
-                click.echo(_result_line(r))
+                click.echo(result_line(r))
         _table(results)
         click.echo(
             f"{summary['jobs']} jobs: {counts['hit']} hit, {counts['built']} built, "
@@ -219,18 +217,6 @@ def build(
         raise MonoError(
             f"{len(failed)} of {len(results)} jobs failed: {', '.join(r.job.name for r in failed)}"
         )
-
-
-def _result_line(res) -> str:
-    from mono_aot.compiler.run import BUILT, HIT, REBUILT
-
-    name = res.job.name
-    if res.status == HIT:
-        return f"hit      {name}  {res.job.key[:12]}"
-    if res.status in (BUILT, REBUILT):
-        extra = f" (stale: {res.reason})" if res.status == REBUILT else ""
-        return f"{res.status:<8} {name}  {res.job.key[:12]}  in {res.seconds:.1f} s{extra}"
-    return f"failed   {name}: {res.reason}"
 
 
 def _table(results) -> None:

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import os
-import signal
 from pathlib import Path
 
 import click
 
-from mono_aot.cli._common import emit_json, json_option, require_module
-from mono_aot.spec.errors import EXIT_TERMINATED, BadInput
+from mono_aot.cli._common import (
+    emit_json,
+    json_option,
+    require_module,
+    result_line,
+    sigterm_exits,
+)
+from mono_aot.spec.errors import BadInput
 
 
 @click.command("pack")
@@ -72,19 +77,9 @@ def pack(archs, layouts, out_dir, store_dir, parallel, as_json) -> None:
 
     def on_result(res) -> None:
         if not as_json:
-            what = f"{res.status:<8} {res.job.name}  {res.job.key[:12]}"
-            if res.compiled:
-                what += f"  in {res.seconds:.1f} s"
-            if res.reason:
-                what += f"  ({res.reason})"
-            click.echo(what)
+            click.echo(result_line(res))
 
-    def on_sigterm(signum, frame) -> None:
-        click.echo("mono-aot: terminated", err=True)
-        raise SystemExit(EXIT_TERMINATED)
-
-    old_term = signal.signal(signal.SIGTERM, on_sigterm)
-    try:
+    with sigterm_exits():
         report = build_packs(
             archs,
             layouts,
@@ -93,8 +88,6 @@ def pack(archs, layouts, out_dir, store_dir, parallel, as_json) -> None:
             parallel=parallel or os.cpu_count() or 1,
             on_result=on_result,
         )
-    finally:
-        signal.signal(signal.SIGTERM, old_term)
     if as_json:
         emit_json(
             {

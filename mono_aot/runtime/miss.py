@@ -14,6 +14,7 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
 import warnings
 from typing import TYPE_CHECKING
 
@@ -47,7 +48,8 @@ def compiler_available() -> bool:
 
 def _shipped_name(layout: Layout) -> str | None:
     """The shipped layout name that generates exactly ``layout``'s code, if any."""
-    from mono_aot.spec.layouts import LayoutError, resolve_layout
+    from mono_aot.spec.errors import LayoutError
+    from mono_aot.spec.layouts import resolve_layout
 
     try:
         shipped = resolve_layout(layout.name)
@@ -55,6 +57,37 @@ def _shipped_name(layout: Layout) -> str | None:
         return None
     same = shipped.digest == layout.digest and shipped.targets == layout.targets
     return layout.name if same else None
+
+
+def run_build(
+    layout: str,
+    arch: str,
+    variants: list[str],
+    env: dict[str, str],
+    *,
+    timeout: float,
+    extra: list[str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``mono-aot build`` in a subprocess (the runtime never imports the compiler); its
+    per-key lock makes concurrent callers compile each key once. ``MonoError`` on a failure or
+    a timeout, naming the command and the tail of its output."""
+    argv = [sys.executable, "-m", "mono_aot", "build", "--layout", layout, "--arch", arch]
+    for v in variants:
+        argv += ["--variant", v]
+    argv += extra or []
+    cmd = " ".join(["mono-aot", *argv[3:]])
+    try:
+        p = subprocess.run(
+            argv, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
+    except subprocess.TimeoutExpired:
+        raise MonoError(f"the build ({cmd}) ran over {timeout:g} s") from None
+    if p.returncode != 0:
+        tail = (p.stderr or p.stdout).strip().splitlines()[-5:]
+        raise MonoError(
+            f"the build ({cmd}) failed with exit code {p.returncode}: " + " | ".join(tail)
+        )
+    return p
 
 
 def served_store(env: dict[str, str]) -> Store:
@@ -92,34 +125,16 @@ def find_or_build(
         raise MonoUnsupported(
             f"{text} (no compiler here to build it just in time: pip install 'mono-aot[build]')"
         )
-    name = _shipped_name(layout)
-    if name is None:
-        raise MonoUnsupported(
-            f"{text} (just-in-time builds cover shipped layouts only; {layout.name} is not one "
-            "of them or differs from it: prebuild it with --layout PATH)"
-        )
     warnings.warn(
         f"{text}; building it just in time into the user cache", JitBuildWarning, stacklevel=3
     )
-    argv = [sys.executable, "-m", "mono_aot", "build", "--layout", name, "--arch", arch]
-    argv += ["--variant", variant, "-j", "1"]
-    try:
-        p = subprocess.run(
-            argv,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=JIT_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-        )
-    except subprocess.TimeoutExpired:
-        raise MonoError(f"the just-in-time build ({cmd}) ran over {JIT_TIMEOUT_S:g} s") from None
-    if p.returncode != 0:
-        tail = (p.stderr or p.stdout).strip().splitlines()[-5:]
-        raise MonoError(
-            f"the just-in-time build ({cmd}) failed with exit code {p.returncode}: "
-            + " | ".join(tail)
-        )
+    from mono_aot.spec.layouts import write_spec
+
+    with tempfile.TemporaryDirectory(prefix="mono-aot-jit-") as tmp:
+        # a shipped layout by name; any other (a spec file elsewhere, one made in memory) by a
+        # spec file that loads back into exactly this layout
+        spec = _shipped_name(layout) or str(write_spec(layout, tmp))
+        p = run_build(spec, arch, [variant], env, timeout=JIT_TIMEOUT_S, extra=["-j", "1"])
     for line in p.stdout.strip().splitlines():
         log.info("just-in-time build: %s", line)
     hit = served_store(env).lookup(key)

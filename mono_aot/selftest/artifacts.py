@@ -15,15 +15,14 @@ to a spec file for ``mono-aot build --layout PATH``.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mono_aot.spec.errors import MonoError, MonoUnsupported
+from mono_aot.spec.layouts import write_spec
 
 if TYPE_CHECKING:
     from mono_aot.spec.layouts import Layout
@@ -42,47 +41,6 @@ def short_wait_layout(layout: Layout, seconds: float) -> Layout:
     doc["name"] = f"{layout.name}-wait{ms}ms"
     doc["description"] = f"{layout.name} with a {seconds:g} s wait bound (selftest dead-rank)"
     return parse_layout(doc, f"{layout.name} with peer_wait_s = {seconds:g}")
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return repr(v)
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    raise TypeError(f"no TOML form for {v!r}")
-
-
-def spec_toml(layout: Layout) -> str:
-    """A spec file that loads back into ``layout`` (its name is the file's stem)."""
-    doc = layout.model_dump(mode="json")
-    doc.pop("name")
-    lines = [f"{k} = {_toml_value(v)}" for k, v in doc.items() if not isinstance(v, dict)]
-    for section, body in doc.items():
-        if not isinstance(body, dict):
-            continue
-        flat = {k: v for k, v in body.items() if not isinstance(v, dict)}
-        if flat:
-            lines += ["", f"[{section}]"] + [f"{k} = {_toml_value(v)}" for k, v in flat.items()]
-        for k, v in body.items():
-            if isinstance(v, dict):
-                lines += ["", f"[{section}.{k}]"] + [
-                    f"{kk} = {_toml_value(vv)}" for kk, vv in v.items()
-                ]
-    return "\n".join(lines) + "\n"
-
-
-def write_spec(layout: Layout, directory: Path) -> Path:
-    """``directory/<name>.toml``, checked to load back into the same layout."""
-    from mono_aot.spec.layouts import load_layout
-
-    path = directory / f"{layout.name}.toml"
-    path.write_text(spec_toml(layout))
-    back = load_layout(path)
-    if back.digest != layout.digest or back.targets != layout.targets:
-        raise MonoError(f"{path}: the written spec does not load back into layout {layout.name}")
-    return path
 
 
 @dataclass(frozen=True)
@@ -121,7 +79,7 @@ def ensure_kernels(
 ) -> dict[str, str]:
     """Every wanted kernel in the store (built once here on a miss, unless strict); returns
     ``{"<layout>/<variant>": "hit <layer>" | "built"}``."""
-    from mono_aot.runtime.miss import STRICT_ENV, JitBuildWarning, compiler_available
+    from mono_aot.runtime.miss import STRICT_ENV, JitBuildWarning, compiler_available, run_build
     from mono_aot.store import Store
 
     env = dict(os.environ if env is None else env)
@@ -167,29 +125,8 @@ def ensure_kernels(
     for n, _ in missing:
         by_layout.setdefault(specs[n.layout.name], []).append(n)
     for spec, group in by_layout.items():
-        argv = [sys.executable, "-m", "mono_aot", "build", "--layout", spec, "--arch", arch]
-        for n in group:
-            argv += ["--variant", n.variant]
         log(f"building {', '.join(n.variant for n in group)} of {group[0].layout.name} ...")
-        try:
-            p = subprocess.run(
-                argv,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=BUILD_TIMEOUT_S,
-                stdin=subprocess.DEVNULL,
-            )
-        except subprocess.TimeoutExpired:
-            raise MonoError(
-                f"mono-aot build --layout {spec} ran over {BUILD_TIMEOUT_S:g} s"
-            ) from None
-        if p.returncode != 0:
-            tail = (p.stderr or p.stdout).strip().splitlines()[-5:]
-            raise MonoError(
-                f"mono-aot build --layout {spec} failed with exit code {p.returncode}: "
-                + " | ".join(tail)
-            )
+        run_build(spec, arch, [n.variant for n in group], env, timeout=BUILD_TIMEOUT_S)
     for n, key in missing:
         if store.lookup(key) is None:
             raise MonoError(

@@ -340,6 +340,26 @@ def load_layout(path: str | Path) -> Layout:
     return parse_layout(data, str(p), name=p.stem)
 
 
+def spec_toml(layout: Layout) -> str:
+    """The spec file of ``layout`` (its name is the file's stem, so it is left out)."""
+    import tomli_w
+
+    doc = layout.model_dump(mode="json")
+    doc.pop("name")
+    return tomli_w.dumps(doc)
+
+
+def write_spec(layout: Layout, directory: str | Path) -> Path:
+    """``directory/<name>.toml``, checked to load back into the same layout: how a layout made
+    in memory (a derived one, a vLLM config's) reaches ``mono-aot build --layout PATH``."""
+    path = Path(directory) / f"{layout.name}.toml"
+    path.write_text(spec_toml(layout), encoding="utf-8")
+    back = load_layout(path)
+    if back.digest != layout.digest or back.targets != layout.targets:
+        raise LayoutError([f"{path}: the written spec does not load back into {layout.name}"])
+    return path
+
+
 def shipped_layout_dir() -> Path:
     """Where the shipped specs are: inside an installed wheel, or the checkout's ``layouts/``."""
     package = Path(__file__).resolve().parents[1]  # .../mono_aot
@@ -384,4 +404,6 @@ __all__ = [
     "shipped_layout_dir",
     "shipped_layout_paths",
     "shipped_layouts",
+    "spec_toml",
+    "write_spec",
 ]

@@ -300,8 +300,8 @@ def test_the_ranks_draft_model_feeds_the_runner_the_problems_weights(small_model
 
 def test_the_dead_rank_layout_is_its_own_kernels(tmp_path):
     from mono_aot.keys import served_key
-    from mono_aot.selftest.artifacts import short_wait_layout, write_spec
-    from mono_aot.spec.layouts import load_layout
+    from mono_aot.selftest.artifacts import short_wait_layout
+    from mono_aot.spec.layouts import load_layout, write_spec
 
     short = short_wait_layout(LAY, st.DEAD_RANK_WAIT_S)
     assert short.serving.peer_wait_s == 0.5 and short.wait_ticks == 50_000_000
