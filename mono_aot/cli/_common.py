@@ -24,6 +24,38 @@ from mono_aot.spec.errors import (
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 
+
+def arch_option(verb: str) -> Any:
+    """``--arch A`` (repeatable), as build, pack and coverage take it."""
+    return click.option(
+        "--arch",
+        "archs",
+        multiple=True,
+        metavar="A",
+        help=f"{verb} this arch (repeatable; default: every arch the layouts target).",
+    )
+
+
+def layout_option(default: str = "every shipped layout") -> Any:
+    """``--layout NAME|PATH`` (repeatable): a shipped layout's name or a spec file."""
+    return click.option(
+        "--layout",
+        "layouts",
+        multiple=True,
+        metavar="NAME|PATH",
+        help=f"Layout (repeatable; default: {default}).",
+    )
+
+
+jobs_option = click.option(
+    "-j",
+    "--jobs",
+    "parallel",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Compiles at once (default: the number of cores).",
+)
+
 # How the library's field names are spelled on the command line.
 OPTION_OF_FIELD = {"arch": "--arch", "variant": "--variant", "layout": "--layout"}
 # Library errors that a command-line option fixes, and the hint that says so.

@@ -9,8 +9,11 @@ from pathlib import Path
 import click
 
 from mono_aot.cli._common import (
+    arch_option,
     emit_json,
+    jobs_option,
     json_option,
+    layout_option,
     require_module,
     result_line,
     sigterm_exits,
@@ -54,20 +57,8 @@ def _store(root: str | None):
 
 
 @click.command("build")
-@click.option(
-    "--arch",
-    "archs",
-    multiple=True,
-    metavar="A",
-    help="Target arch (repeatable; default: every arch the layouts target).",
-)
-@click.option(
-    "--layout",
-    "layouts",
-    multiple=True,
-    metavar="NAME|PATH",
-    help="Layout (repeatable; default: every shipped layout).",
-)
+@arch_option("Build for")
+@layout_option()
 @click.option(
     "--variant",
     "variants",
@@ -75,14 +66,7 @@ def _store(root: str | None):
     type=click.Choice(VARIANTS),
     help="Kernel variant (repeatable; default: the layout's own, no narrow when wide_base = 1).",
 )
-@click.option(
-    "-j",
-    "--jobs",
-    "parallel",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Compiles at once (default: the number of cores).",
-)
+@jobs_option
 @click.option(
     "--store",
     "store_dir",

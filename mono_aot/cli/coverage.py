@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import click
 
 from mono_aot import __version__
-from mono_aot.cli._common import emit_json, json_option
+from mono_aot.cli._common import arch_option, emit_json, json_option, layout_option
 from mono_aot.spec.errors import EXIT_FAILED, BadInput
 
 
@@ -51,20 +51,8 @@ def select(arches: Sequence[str], names: Sequence[str]) -> list[tuple[str, objec
 
 
 @click.command("coverage")
-@click.option(
-    "--arch",
-    "archs",
-    multiple=True,
-    metavar="A",
-    help="Check this arch (repeatable; default: every arch the layouts target).",
-)
-@click.option(
-    "--layout",
-    "layouts",
-    multiple=True,
-    metavar="NAME|PATH",
-    help="Layout (repeatable; default: every shipped layout).",
-)
+@arch_option("Check")
+@layout_option()
 @json_option
 def coverage(archs, layouts, as_json) -> None:
     """Every key the runtime looks up for these layouts, archs and variants, and who serves it.

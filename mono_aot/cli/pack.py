@@ -8,8 +8,11 @@ from pathlib import Path
 import click
 
 from mono_aot.cli._common import (
+    arch_option,
     emit_json,
+    jobs_option,
     json_option,
+    layout_option,
     require_module,
     result_line,
     sigterm_exits,
@@ -18,20 +21,8 @@ from mono_aot.spec.errors import BadInput
 
 
 @click.command("pack")
-@click.option(
-    "--arch",
-    "archs",
-    multiple=True,
-    metavar="A",
-    help="Pack this arch (repeatable; default: every arch the layouts target).",
-)
-@click.option(
-    "--layout",
-    "layouts",
-    multiple=True,
-    metavar="NAME|PATH",
-    help="Layout (repeatable; default: every shipped layout that targets the arch).",
-)
+@arch_option("Pack")
+@layout_option("every shipped layout that targets the arch")
 @click.option(
     "--out",
     "out_dir",
@@ -47,14 +38,7 @@ from mono_aot.spec.errors import BadInput
     default=None,
     help="Build into and pack from this store root instead of the default layers.",
 )
-@click.option(
-    "-j",
-    "--jobs",
-    "parallel",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Compiles at once (default: the number of cores).",
-)
+@jobs_option
 @json_option
 def pack(archs, layouts, out_dir, store_dir, parallel, as_json) -> None:
     """Build missing kernels into the store, then write a wheel mono_aot_kernels_<arch> per arch.
