@@ -1,6 +1,6 @@
 """The user's ``DrafterRunner`` on prebuilt code objects: one TP rank of the drafter kernels.
 
-Behaviour kept from the user's runner (DESIGN.md): the same ``MonoUnsupported`` checks, packed
+Behaviour kept from the user's runner (README, "Serving runtime"): the same ``MonoUnsupported`` checks, packed
 weights, pointer table, peer buffers, chunking and launch argument list, with every constant
 taken from the Layout. Added: the checks of what the kernels assume and nothing checked before
 (every dereferenced pointer-table slot is non-zero, each launch's token count fits its

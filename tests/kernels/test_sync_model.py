@@ -8,7 +8,7 @@ parity halves of count, generation and abort word) plus the per-parity norm sums
 
 Two protocols are modelled:
 
-- ``old`` (before issue 14): each workgroup reads the launch counter at start, workgroup 0
+- ``old`` (the protocol before launch tickets): each workgroup reads the launch counter at start, workgroup 0
   zeroes the other half at start and publishes ``launches + 1`` after the first grid barrier;
 - ``new`` (``mono_aot.kernels.sync.launch_start``): each workgroup takes a ticket (one atomic
   add), its launch is ``ticket // ctas``; workgroup 0 zeroes the other half at start; nothing is
