@@ -101,6 +101,7 @@ def mode_bind(arch: str, layout_name: str, repeats: int, hip: str) -> dict:
     import_runtime = _since(t)
     t = _clock()
     # what binding uses, imported before the bind is timed (a vLLM worker imports them once)
+    import mono_aot.store  # noqa: F401 - the lookup's store, imported lazily by the runtime
     from mono_aot.keys import served_key
     from mono_aot.runtime.device import DeviceFacts, TorchHipDevice
     from mono_aot.runtime.loader import check_kernargs, check_target, load_launcher, unload_all
@@ -156,6 +157,7 @@ def mode_bind(arch: str, layout_name: str, repeats: int, hip: str) -> dict:
         "first": first,
         "repeats": again,
         "keys": keys,
+        "mono_aot_from": "wheel" if "site-packages" in mono_aot.runtime.__file__ else "source",
     }
 
 

@@ -60,7 +60,8 @@ def render(doc: dict[str, Any]) -> str:
     figs = doc["figures"]
     for item, title in SECTIONS:
         rows = [["figure", "runs", "median", "min", "max", "cpu"]]
-        for f in figs.values():
+        for name in doc.get("figure_order") or sorted(figs):
+            f = figs[name]
             if f["item"] != item:
                 continue
             if f["skipped"] is not None:

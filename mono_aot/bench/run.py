@@ -23,6 +23,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -194,8 +195,16 @@ class Bench:
         self.log = log
         self.figures: dict[str, Figure] = {}
         self.notes: list[str] = []
-        self.sizes: dict[str, Any] = {}
+        self.sizes: dict[str, Any] = {
+            "mono_aot_wheel": None,
+            "serving_install": None,
+            "runtime_deps": None,
+            "pack_wheels": {a: None for a in ARCHS},
+            "skipped": {},
+        }
+        self._venv: Path | None | bool = False
         self.hip = "none"
+        self.bind_from = "-"
         self.flydsl_stop = ""
         self._n = 0
         self.user_cache = tmp / "user-cache"  # the digest cache and nothing else
@@ -413,6 +422,15 @@ class Bench:
 
         lib = self.stand_in()
         self.hip = STAND_IN if lib else "none (up to the driver call)"
+        venv = self.serving_venv()
+        python = str(venv / "bin" / "python") if venv else sys.executable
+        if venv:
+            self.notes.append(
+                "the warm bind runs mono-aot as installed from its wheel (a fresh venv, "
+                "--no-deps, lent this environment's torch and other packages by a .pth line)"
+            )
+        else:
+            self.notes.append("the warm bind runs mono-aot from this source tree (no wheel)")
         layout = resolve_layout(self.plan.layout)
         upto = "module load through the stand-in HIP" if lib else "the driver call"
         for arch in ARCHS:
@@ -429,6 +447,8 @@ class Bench:
                 continue
             figs = {k: self.fig(f"{k}/{arch}", label, "bind") for k, label in names.items()}
             env = dict(self.base_env)
+            if venv:
+                env.pop("PYTHONPATH", None)  # the wheel's mono_aot, not this tree's
             env.update(
                 MONO_AOT_PATH=str(store),
                 MONO_AOT_STRICT="1",  # a miss is an error here, never a compile
@@ -441,11 +461,12 @@ class Bench:
                     MONO_AOT_STANDIN_CUS=str(layout.ctas(arch)),
                 )
             self.log(f"bench: mono-aot warm bind, {arch}")
-            argv = [sys.executable, "-P", str(CHILD), "bind", arch, self.plan.layout]
+            argv = [python, "-P", str(CHILD), "bind", arch, self.plan.layout]
             argv += [str(self.plan.bind_repeats), "stand-in" if lib else "none"]
             for _ in range(self.plan.mid):
                 p = _checked(run_proc(argv, env, cwd=self.tmp), "the mono-aot warm bind")
                 d = p.doc()
+                self.bind_from = d.get("mono_aot_from", "?")
                 parts = (d["import_runtime"], d["imports"], d["first"])
                 figs["mono_serve"].wall.append(sum(x["wall"] for x in parts))
                 figs["mono_serve"].cpu.append(sum(x["cpu"] for x in parts))
@@ -483,14 +504,14 @@ class Bench:
 
     # sizes (item 6) -------------------------------------------------------------------------
 
-    def size_figures(self, store: Path) -> None:
-        self.sizes = {
-            "mono_aot_wheel": None,
-            "serving_install": None,
-            "runtime_deps": None,
-            "pack_wheels": {a: None for a in ARCHS},
-            "skipped": {},
-        }
+    def serving_venv(self) -> Path | None:
+        """The mono-aot wheel built from this tree and installed with ``--no-deps`` into a fresh
+        venv (its size is the serving install); for the warm bind, a ``.pth`` line then lends
+        it this environment's packages (torch, pydantic, ...), so mono-aot runs as a wheel
+        install does. None, with the reason in ``sizes.skipped``, when that cannot be done."""
+        if self._venv is not False:
+            return self._venv
+        self._venv = None
         skipped = self.sizes["skipped"]
         root = Path(__file__).resolve().parents[2]
         wheel = None
@@ -499,7 +520,7 @@ class Bench:
         elif importlib.util.find_spec("build") is None:
             skipped["mono_aot_wheel"] = "the 'build' package is not installed (build extra)"
         else:
-            self.log("bench: building the mono-aot wheel")
+            self.log("bench: building the mono-aot wheel and a serving venv")
             out = self._dir("dist")
             argv = [sys.executable, "-m", "build", "--wheel", "--no-isolation"]
             p = run_proc(argv + ["--outdir", str(out), str(root)], self.base_env, cwd=out)
@@ -511,19 +532,27 @@ class Bench:
                 self.sizes["mono_aot_wheel"] = wheel.stat().st_size
         if wheel is None:
             skipped["serving_install"] = "no mono-aot wheel to install"
-        else:
-            venv = self._dir("serving-venv") / "venv"
-            p = run_proc([sys.executable, "-m", "venv", "--without-pip", str(venv)], self.base_env)
-            py = venv / "bin" / "python"
-            argv = [sys.executable, "-m", "pip", "--python", str(py), "install", "--quiet"]
-            argv += ["--no-deps", "--no-index", "--disable-pip-version-check", str(wheel)]
-            q = run_proc(argv, self.base_env) if p.rc == 0 else p
-            if q.rc != 0:
-                skipped["serving_install"] = f"pip install of the wheel failed: {q.tail()}"
-            else:
-                site = next(venv.glob("lib/python*/site-packages"))
-                self.sizes["serving_install"] = _tree_bytes(site)
+            return None
+        venv = self._dir("serving-venv") / "venv"
+        p = run_proc([sys.executable, "-m", "venv", "--without-pip", str(venv)], self.base_env)
+        py = venv / "bin" / "python"
+        argv = [sys.executable, "-m", "pip", "--python", str(py), "install", "--quiet"]
+        argv += ["--no-deps", "--no-index", "--disable-pip-version-check", str(wheel)]
+        q = run_proc(argv, self.base_env) if p.rc == 0 else p
+        if q.rc != 0:
+            skipped["serving_install"] = f"pip install of the wheel failed: {q.tail()}"
+            return None
+        site = next(venv.glob("lib/python*/site-packages"))
+        self.sizes["serving_install"] = _tree_bytes(site)
+        paths = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
+        (site / "zz_mono_aot_bench_deps.pth").write_text("".join(f"{d}\n" for d in paths))
+        self._venv = venv
+        return venv
+
+    def size_figures(self, store: Path) -> None:
+        self.serving_venv()
         self.sizes["runtime_deps"] = runtime_dep_sizes()
+        skipped = self.sizes["skipped"]
         if importlib.util.find_spec("mono_aot.compiler.pack") is None:
             for a in ARCHS:
                 skipped[f"pack_wheel/{a}"] = "not available in this install"
@@ -740,6 +769,7 @@ def run_bench(
         "archs": list(plan.archs),
         "jobs": plan.jobs,
         "hip": b.hip,
+        "bind_mono_aot_from": b.bind_from,
         "runs": {
             "cheap": plan.cheap,
             "mid": plan.mid,
@@ -747,6 +777,7 @@ def run_bench(
             "bind_repeats": plan.bind_repeats,
         },  # fmt: skip
         "figures": figs,
+        "figure_order": list(b.figures),
         "ratios": rats,
         "targets": targets(figs, rats),
         "sizes": b.sizes,
