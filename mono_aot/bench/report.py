@@ -93,7 +93,8 @@ def render(doc: dict[str, Any]) -> str:
                  f"({skipped.get('serving_install', 'not measured')})"])  # fmt: skip
     deps = s.get("runtime_deps") or {}
     if deps:
-        top = ", ".join(f"{k} {size(v)}" for k, v in list(deps["by_dist"].items())[:3])
+        biggest = sorted(deps["by_dist"].items(), key=lambda kv: -kv[1])[:3]
+        top = ", ".join(f"{k} {size(v)}" for k, v in biggest)
         rows.append([f"  + runtime deps as installed here ({top}, ...)", size(deps["total"])])
     for arch, n in s["pack_wheels"].items():
         rows.append([f"pack wheel {arch}", size(n) if n else

