@@ -12,7 +12,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_PIN ?= vllm==0.33.0
 
-.PHONY: setup test test-fast test-rocm test-vllm setup-vllm build wheel dist lint clean
+.PHONY: setup test test-fast test-rocm test-vllm setup-vllm build wheel dist lint clean bench
 
 setup: $(BIN)/mono-aot
 
@@ -60,6 +60,12 @@ test-rocm: setup
 
 build: setup
 	$(BIN)/mono-aot build --arch $(ARCH)
+
+# Serving and build costs measured side by side on this machine (README, "mono-aot bench");
+# make bench BENCH_ARGS=--quick for the short run, BENCH_ARGS=--json for the document.
+BENCH_ARGS ?=
+bench: setup
+	$(BIN)/mono-aot bench $(BENCH_ARGS)
 
 # The kernel pack of one arch: builds what is missing into the user cache, then writes
 # artifacts/dist/mono_aot_kernels_$(ARCH)-<version>-py3-none-any.whl

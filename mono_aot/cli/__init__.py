@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "coverage": "mono_aot.cli.coverage:coverage",
     "doctor": "mono_aot.cli.doctor:doctor",
     "selftest": "mono_aot.cli.selftest:selftest",
+    "bench": "mono_aot.cli.bench:bench",
 }
 
 
