@@ -90,13 +90,25 @@ def run_build(
     return p
 
 
+# the env values Store.default reads (its layers) -> the Store: packs are found once per
+# process, as vLLM finds its plugins (scanning every installed distribution's entry points
+# costs more than a whole verified lookup)
+_SERVED: dict[tuple[str | None, ...], Store] = {}
+_STORE_ENV = ("MONO_AOT_PATH", "MONO_AOT_CACHE_DIR", "XDG_CACHE_HOME", "HOME")
+
+
 def served_store(env: dict[str, str]) -> Store:
     """The store layers serving looks in: packs built from other kernel sources are skipped
     (and named once), since none of their keys could be the ones this install computes."""
     from mono_aot.keys.sources import kernel_source_digest
     from mono_aot.store import Store
 
-    return Store.default(env, kernel_sources=kernel_source_digest())
+    digest = kernel_source_digest()
+    token = (digest, *(env.get(k) for k in _STORE_ENV))
+    store = _SERVED.get(token)
+    if store is None:
+        store = _SERVED[token] = Store.default(env, kernel_sources=digest)
+    return store
 
 
 def find_or_build(

@@ -1,6 +1,7 @@
 """Fixtures of the runtime tests: the stand-in HIP library and the real artifacts.
 
-The stand-in (``stand_in_hip/stand_in_hip.c``) replaces only what is not here, the AMD GPU's
+The stand-in (``mono_aot/bench/stand_in_hip.c``, shipped because ``mono-aot bench`` compiles it
+too) replaces only what is not here, the AMD GPU's
 HIP runtime; every test that relies on it has a ``rocm``-marked counterpart that runs the same
 path on a real device.
 """
@@ -16,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
+import mono_aot
+
 HERE = Path(__file__).parent
-STAND_IN_SOURCE = HERE / "stand_in_hip" / "stand_in_hip.c"
+STAND_IN_SOURCE = Path(mono_aot.__file__).resolve().parent / "bench" / "stand_in_hip.c"
 ARCHS = ("gfx942", "gfx950")
 LAYOUT = "minimax-m3-dspark-tp4"
 
