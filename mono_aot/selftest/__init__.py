@@ -226,6 +226,7 @@ class Session:
                     p,
                 )  # fmt: skip
                 weights.append(p)
+            self.weight_files = weights  # by rank: what each rank process loads
             self.max_requests = max_requests or layout.serving.chunk_reqs
             blocks = cache_blocks(layout, self.max_requests)
             nan_code = resolve_format(arch).nan_code

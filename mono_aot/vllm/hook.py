@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from mono_aot.spec.errors import MonoError, MonoUnsupported
+from mono_aot.spec.errors import BadInput, MonoError, MonoUnsupported
 from mono_aot.vllm import adapter, ops
 
 log = logging.getLogger("vllm.mono_aot")
@@ -72,9 +72,14 @@ class DrafterHook:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         positions, embeds = self._inputs(args, kwargs)
         self.last = self._decide(embeds)
-        if self.last != RUN:
-            return self._stock()(*args, **kwargs)
-        return torch.ops.mono_aot.drafter_step(positions, embeds, self.handle)
+        if self.last == RUN:
+            try:
+                return torch.ops.mono_aot.drafter_step(positions, embeds, self.handle)
+            except (MonoUnsupported, BadInput) as e:
+                # a later check (the step's inputs, its metadata): shared by every rank, so
+                # every rank turns off here alike, before any launched
+                self.last = self._turn_off(f"at launch: {e}")
+        return self._stock()(*args, **kwargs)
 
     def _inputs(self, args: tuple, kwargs: dict) -> tuple[Any, Any]:
         bound = self._signature.bind(*args, **kwargs)

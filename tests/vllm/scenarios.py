@@ -5,8 +5,10 @@ rank took the same path."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -68,12 +70,16 @@ def _bind(model: Any, cfg: Any, blocks: int = 64) -> None:
     bind_kv_cache_to_layers(caches, cfg.compilation_config.static_forward_context)
 
 
-def _forward(model: Any, cfg: Any, requests: int, with_metadata: bool = True) -> dict:
+def _forward(
+    model: Any, cfg: Any, requests: int, with_metadata: bool = True, requests_tokens: int = 0
+) -> dict:
     from vllm.forward_context import set_forward_context
 
     from tests.vllm.draft_model import DraftBackbone
 
     positions, embeds = _inputs(requests)
+    if requests_tokens:  # a step whose token count is not whole requests
+        positions, embeds = positions[:-requests_tokens], embeds[:-requests_tokens]
     md, slots = _metadata(model, requests) if with_metadata else (None, {})
     with set_forward_context(md, cfg, slot_mapping=slots):
         out = model(positions, embeds)
@@ -84,11 +90,16 @@ def _forward(model: Any, cfg: Any, requests: int, with_metadata: bool = True) ->
     return {"decision": hook.last, "off": hook.off_reason, "equal": stock, "builds": hook.builds}
 
 
-def _standin_launches() -> int:
+def _standin_calls(call: str) -> int:
+    """How many times this rank's process called ``call`` of the stand-in HIP library."""
     from tests.runtime.conftest import Calls
 
     log = os.environ.get("MONO_AOT_STANDIN_LOG")
-    return len(Calls(__import__("pathlib").Path(log)).of("hipModuleLaunchKernel")) if log else 0
+    return len(Calls(Path(log)).of(call)) if log else 0
+
+
+def _standin_launches() -> int:
+    return _standin_calls("hipModuleLaunchKernel")
 
 
 def _scenario(name: str, cls: Any, cfg: Any, rank: int) -> list[dict]:
@@ -128,6 +139,14 @@ def _scenario(name: str, cls: Any, cfg: Any, rank: int) -> list[dict]:
         _bind(model, cfg, blocks=32)  # vLLM re-binds the caches: the runner is stale
         steps.append(_forward(model, cfg, 3))
         steps[-1]["launches"] = _standin_launches()
+        frees = _standin_calls("hipFree")
+        del model  # the runner (its peer buffer) goes with the model
+        gc.collect()
+        steps.append({"freed_with_model": _standin_calls("hipFree") - frees})
+    elif name == "bad-step":  # built, then a step that is not whole requests
+        _bind(model, cfg)
+        steps.append(_forward(model, cfg, 2))
+        steps.append(_forward(model, cfg, 3, requests_tokens=7))
     elif name == "rank-2-fails":
         _bind(model, cfg)
         if rank == 2:

@@ -93,10 +93,22 @@ def test_with_the_stand_in_hip_every_rank_runs_the_kernels_and_rebuilds_when_sta
                      MONO_AOT_STRICT="0", MONO_AOT_CACHE_DIR=str(tmp_path / "cache"))
         for r in range(4)
     ]  # fmt: skip
-    outs = _cluster(tmp_path, 4, "FULL", ["build", "rank-2-fails"], envs)
+    outs = _cluster(tmp_path, 4, "FULL", ["build", "bad-step", "rank-2-fails"], envs)
     steps = _same_on_every_rank(outs, "build")
-    assert [x["decision"] for x in steps] == ["kernels", "kernels", NO_METADATA, "kernels"]
-    assert [x["builds"] for x in steps] == [1, 1, 1, 2]
+    assert [x.get("decision") for x in steps] == [
+        "kernels",
+        "kernels",
+        NO_METADATA,
+        "kernels",
+        None,
+    ]
+    assert [x.get("builds") for x in steps] == [1, 1, 1, 2, None]
+    # the runner goes with the model: its peer buffer is freed (one hipFree per rank)
+    assert steps[4] == {"freed_with_model": 1}
+    # a later check failing at launch (17 tokens: not whole requests) turns every rank off
+    steps = _same_on_every_rank(outs, "bad-step")
+    assert [x["decision"] for x in steps] == ["kernels", OFF]
+    assert steps[1]["off"].startswith("at launch: 17 tokens") and steps[1]["equal"] is True
     for out in outs:
         launches = [x.get("launches") for x in out["build"]]
         assert launches[1] == 1 + 2 and launches[3] == 1 + 2 + 1, launches
