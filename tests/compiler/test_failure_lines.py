@@ -6,9 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from mono_aot.spec.layouts import shipped_layout_dir
 
 from .conftest import run_cli
+
+pytestmark = pytest.mark.slow  # real process clusters or compiles
 
 
 def _layout(tmp_path: Path, ctas: int) -> Path:

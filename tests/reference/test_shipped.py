@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from mono_aot.reference import RequestSpec, make_problem, max_rel_error, run_tp
 from tests.reference.helpers import shipped_one_layer
 
 
+@pytest.mark.slow
 def test_shipped_geometry_one_layer_against_dense():
     lay = shipped_one_layer()
     p = make_problem(lay, "gfx942", [RequestSpec(40, (True,) * 7 + (False,))], seed=21)

@@ -11,6 +11,8 @@ from tests.runtime.ranks import WORLD, run_ranks
 
 NBYTES = 10_000  # not a whole number of pages
 
+pytestmark = pytest.mark.slow  # real process clusters or compiles
+
 
 def _exchange(rank, world, group, arg):
     import torch.distributed as dist

@@ -206,6 +206,7 @@ def _chunk(inputs, r0, k, qpr):
     )
 
 
+@pytest.mark.slow
 def test_a_multi_launch_step_is_judged_as_a_whole(small_model):
     """8+8+3 requests: the float64 reference of the whole step equals the runner's three
     launches run one after another on the sliced inputs (``bt[r0:]``, ``positions[a:]``, ...),
@@ -251,6 +252,7 @@ def test_a_multi_launch_step_is_judged_as_a_whole(small_model):
     assert not verdict["ok"] and verdict["kv_bad_bytes"] >= 1
 
 
+@pytest.mark.slow
 def test_a_mixed_narrow_wide_step_passes_on_the_reference(small_model):
     count = SMALL.serving.chunk_reqs + 2  # wide 8 + narrow 2
     prob = _problem(small_model, count, seed=9)

@@ -10,6 +10,8 @@ import pytest
 
 from mono_aot.selftest.cluster import Cluster, ClusterError, RankFailed
 
+pytestmark = pytest.mark.slow  # real process clusters or compiles
+
 
 def _alive(pid: int) -> bool:
     try:

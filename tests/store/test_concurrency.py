@@ -91,6 +91,7 @@ def _wait_for_pause(p, point: str, timeout: float = 60.0) -> None:
             buf += chunk
 
 
+@pytest.mark.slow
 def test_publishers_killed_at_random_points_never_expose_partial_results(tmp_path) -> None:
     """66 publishers SIGKILLed: 36 exactly at each step of publishing (6 per point, the test
     hook holds them there), 30 at random moments. After each kill, every visible entry
