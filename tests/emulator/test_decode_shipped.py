@@ -1,43 +1,22 @@
 """The decoder against the compiler: for each shipped kernel (narrow and wide of the shipped
 layout, gfx942 and gfx950), decoding the code object's bytes and rendering every instruction in
 LLVM syntax gives FlyDSL's ISA listing of the same compile, instruction for instruction (what is
-normalised is listed in ``mono_aot.emulator.listing``). Each kernel is compiled once per session,
-two at a time, in the build's own worker subprocess.
+normalised is listed in ``mono_aot.emulator.listing``). The kernels come from the ``shipped``
+fixture (``conftest.py``).
 """
 
 from __future__ import annotations
 
 import struct
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
-from mono_aot.compiler.compile import CompileResult, compile_kernel
 from mono_aot.emulator.decode import DecodeError, decode_kernel
 from mono_aot.emulator.elf import CodeObject
 from mono_aot.emulator.listing import compare
-from mono_aot.keys import real_provider
-from mono_aot.spec.layouts import resolve_layout
-
-LAYOUT = "minimax-m3-dspark-tp4"
-CASES = [(v, a) for a in ("gfx942", "gfx950") for v in ("narrow", "wide")]
+from tests.emulator.conftest import CASES
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="session")
-def shipped(tmp_path_factory) -> dict[tuple[str, str], CompileResult]:
-    lay = resolve_layout(LAYOUT)
-    prov = real_provider()
-    root = tmp_path_factory.mktemp("emulator-shipped")
-
-    def one(job: tuple[str, str]) -> tuple[tuple[str, str], CompileResult]:
-        variant, arch = job
-        return job, compile_kernel(prov, variant, lay, arch, Path(root / f"{variant}-{arch}"))
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(pool.map(one, CASES))
 
 
 @pytest.mark.parametrize(("variant", "arch"), CASES)
