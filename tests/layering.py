@@ -27,6 +27,7 @@ ALLOWED: dict[str, set[str]] = {
     "vllm": {"spec", "keys", "store", "runtime", "vllm"},
     "selftest": {"spec", "keys", "store", "runtime", "reference", "selftest"},
     "bench": {"spec", "keys", "store", "runtime", "reference", "compiler", "selftest", "bench"},
+    "emulator": {"spec", "emulator"},
     "cli": {
         "spec", "keys", "store", "reference", "compiler", "runtime", "vllm", "selftest",
         "bench", "cli", "kernels",
