@@ -1,13 +1,8 @@
 """Get the GPU binary out of a FlyDSL artifact's state without running anything from it.
 
 The build worker takes the state from the in-memory artifact of its one compile
-(``CompiledArtifact.__getstate__``: the same dict FlyDSL pickles); ``read_artifact_state`` reads
-it from a disk cache entry instead.
-
-FlyDSL's cache entry is a pickle of ``flydsl.compiler.jit_executor.CompiledArtifact``. Loading a
-pickle normally runs code (that class's ``__setstate__`` imports the modules named in
-``processor_refs``), so the unpickler here resolves exactly that one class name to an inert holder
-that keeps the state dict, and refuses every other global. Nothing needs FlyDSL to be imported.
+(``CompiledArtifact.__getstate__``: the same dict FlyDSL pickles into its disk cache, which the
+build never reads: loading a pickle runs code).
 
 The state holds the lowered MLIR (``ir_zlib``, or ``_ir_text``/``ir_text`` in older versions).
 Its ``gpu.binary`` op carries the code object as an MLIR-escaped string (``\\\\`` a backslash,
@@ -16,55 +11,14 @@ Its ``gpu.binary`` op carries the code object as an MLIR-escaped string (``\\\\`
 
 from __future__ import annotations
 
-import io
-import pickle
 import re
 import zlib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-
-ARTIFACT_MODULE = "flydsl.compiler.jit_executor"
-ARTIFACT_CLASS = "CompiledArtifact"
 
 
 class ExtractError(ValueError):
     """FlyDSL's output is not what the build expects (no binary, several, a foreign global...)."""
-
-
-class _ArtifactState:
-    """Stands in for CompiledArtifact: keeps the pickled state, runs nothing."""
-
-    state: dict[str, Any]
-
-    def __setstate__(self, state: Any) -> None:
-        if not isinstance(state, dict):
-            raise pickle.UnpicklingError("CompiledArtifact state is not a dict")
-        self.state = state
-
-
-class _OneClassUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> type:
-        if (module, name) == (ARTIFACT_MODULE, ARTIFACT_CLASS):
-            return _ArtifactState
-        raise pickle.UnpicklingError(
-            f"refusing global {module}.{name} in a FlyDSL cache pickle "
-            f"(only {ARTIFACT_MODULE}.{ARTIFACT_CLASS} is allowed)"
-        )
-
-
-def read_artifact_state(path: Path) -> dict[str, Any]:
-    """The state dict of one FlyDSL cache pickle, loaded with the one-class unpickler."""
-    raw = Path(path).read_bytes()
-    try:
-        obj = _OneClassUnpickler(io.BytesIO(raw)).load()
-    except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError) as e:
-        raise ExtractError(f"{path.name}: not a FlyDSL cache entry: {e}") from None
-    if not isinstance(obj, _ArtifactState):
-        raise ExtractError(
-            f"{path.name}: the pickle holds {type(obj).__name__}, not a CompiledArtifact"
-        )
-    return obj.state
 
 
 def artifact_ir_text(state: dict[str, Any]) -> str:
