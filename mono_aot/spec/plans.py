@@ -78,6 +78,14 @@ class ProjectionRows:
 GEMV_LANE_K = 16  # K positions (bytes of fp8) one lane covers per tile: one 16-byte load
 GEMV_KT = WAVE * GEMV_LANE_K  # K of one tile
 GEMV_MAX_GROUP = 16  # tokens whose activations one K pass stages
+# Most rows per wave in one pass: the register budget (256 VGPRs at two waves per SIMD). The
+# shipped counts use at most 3; 4 rows of 16 tokens spilled 44-64 VGPRs (gfx942 at 228, 80 and
+# 38 CTAs, gfx950 at 32), 3 per pass built clean.
+GEMV_MAX_PASS_ROWS = 3
+# Row passes of the MFMA GEMM: the pass loop is built and emulated, but with more than one pass
+# the compiler keeps the versions' state live across the loop and spills (110 VGPRs at 80 CTAs
+# on gfx942, 80 at 128 on gfx950): plans needing more passes are refused until that is fixed.
+GEMM_MAX_PASSES = 1
 
 
 @dataclass(frozen=True)
@@ -130,8 +138,9 @@ class GemvPlan(ProjectionRows):
 
     @property
     def pass_limit(self) -> int:
-        """Most rows per wave in one pass: their (row, token) sums fill the 64 lanes at most."""
-        return max(1, WAVE // self.group)
+        """Most rows per wave in one pass: their (row, token) sums fill the 64 lanes at most,
+        and the registers hold ``GEMV_MAX_PASS_ROWS`` rows of weights and sums."""
+        return max(1, min(WAVE // self.group, GEMV_MAX_PASS_ROWS))
 
     @property
     def passes(self) -> int:
@@ -232,6 +241,7 @@ class GemmPlan(ProjectionRows):
     lds_budget: int = DEFAULT_LDS_BUDGET
     min_tokens: int = 1  # the fewest tokens a caller passes (a speed hint: any n <= max is right)
     mfma_k: int = 16  # 16: v_mfma_f32_16x16x16_bf16 (gfx942); 32: v_mfma_f32_16x16x32_bf16 (gfx950)
+    max_passes: int = GEMM_MAX_PASSES  # the host emulation (tests) may allow more
 
     def __post_init__(self) -> None:
         problems: list[tuple[str, str]] = []
@@ -269,6 +279,14 @@ class GemmPlan(ProjectionRows):
             raise PlanError(
                 f"GemmPlan({self.rows}x{self.cols}): lds_budget={self.lds_budget} is below one "
                 f"reduction round ({self.min_round_bytes} bytes)"
+            )
+        if self.passes > self.max_passes:
+            raise PlanError(
+                f"GemmPlan({self.rows}x{self.cols}): {self.rows_per_cta} "
+                f"{'row pairs' if self.pairs else 'rows'} per workgroup = {self.run_tiles} "
+                f"tiles of {TILE} need {self.passes} row passes (a {self.lds_budget}-byte "
+                f"reduction round holds {self.seg_tiles}); the kernel builds at most "
+                f"{self.max_passes} without spilling"
             )
 
     # ---- derived (the only place they are computed) ----

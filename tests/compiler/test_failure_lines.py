@@ -27,17 +27,17 @@ def test_build_and_validate_refuse_an_unbuildable_count_with_the_same_line(tmp_p
     b = run_cli("build", "--store", str(store), "--layout", str(lay), env_extra=env)
     assert v.returncode == 2 and b.returncode == 2, (v.stderr, b.stderr)
     want = (
-        f"{lay}: targets.gfx942.ctas: 32 workgroups, wide kernel: 67072 bytes of LDS exceed "
-        "the CU's 65536"
+        f"{lay}: targets.gfx942.ctas: 32 workgroups, wide kernel, o: GemmPlan(6144x2048): 192 "
+        "rows per workgroup = 12 tiles of 16 need 6 row passes"
     )
     for p in (v, b):
         lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
-        assert len(lines) == 1 and want in lines[0], p.stderr
+        assert len(lines) == 4 and any(want in ln for ln in lines), p.stderr  # qkv o gu down
         assert "Traceback" not in p.stdout + p.stderr
     assert [ln for ln in v.stderr.splitlines() if ln] == [ln for ln in b.stderr.splitlines() if ln]
     assert not (store / "v1" / "blobs").exists() or not any((store / "v1" / "blobs").iterdir())
 
 
 def test_a_count_the_plans_accept_validates(tmp_path):
-    v = run_cli("layouts", "validate", str(_layout(tmp_path, 80)))
+    v = run_cli("layouts", "validate", str(_layout(tmp_path, 228)))
     assert v.returncode == 0, v.stderr
