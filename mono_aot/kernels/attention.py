@@ -46,16 +46,13 @@ from flydsl.expr import range_constexpr, rocdl
 from flydsl.expr.typing import T
 
 from mono_aot.spec import abi
-from mono_aot.spec.arch import arch_info
-from mono_aot.spec.errors import MonoUnsupported
 from mono_aot.spec.layouts import Layout, Variant
-from mono_aot.spec.util import align_up, ceil_div
+from mono_aot.spec.plans import MFMA_N, AttnGeometry, attention_split  # noqa: F401 (re-export)
+from mono_aot.spec.util import ceil_div
 
 WAVE = 64
-MFMA_N = 16  # rows / cols of one v_mfma_f32_16x16x16_bf16 tile
 LOG2E = 1.4426950408889634
 NEG_BIG = -1.0e30  # the running max before any position (finite: exp2(NEG_BIG - m) is 0)
-K_ROW_PAD = 16  # LDS bytes after each staged K row: conflict-free 16-byte reads of 8 rows
 CACHE_ROW = 256  # bytes of one cached token of one KV head: K 0..127, V 128..255
 PAD_SLOT = -1  # vLLM's padding slot: the token writes nothing (any other slot outside the
 # cache is recorded as a bad block)
@@ -66,170 +63,6 @@ WHAT_ATTENTION = 9
 
 G = fx.AddressSpace.Global
 S = fx.AddressSpace.Shared
-
-
-@dataclass(frozen=True)
-class AttnGeometry:
-    """Every compile-time number the attention phases use, derived from the layout once."""
-
-    arch: str
-    ctas: int
-    threads: int
-    waves: int
-    head_dim: int
-    heads: int  # q heads of this rank
-    qpr: int
-    rows: int  # query rows of one request: qpr * heads
-    rotary: int
-    kv_block: int
-    qkv_rows: int
-    q_rows: int
-    eps: float
-    max_reqs: int  # most requests one launch of the variant carries
-    fp8_max: float
-    chunk: int  # KV positions staged in LDS per step
-    min_partition: int
-    slots: int  # partial-result slots in scratch
-    off_qkv: int
-    off_attn: int
-    off_part: int
-    off_ml: int
-
-    @property
-    def k_stride(self) -> int:
-        return self.head_dim + K_ROW_PAD
-
-    @property
-    def v_base(self) -> int:
-        """LDS byte offset of the staged V rows (after the K rows)."""
-        return self.chunk * self.k_stride
-
-    @property
-    def lds_bytes(self) -> int:
-        return self.v_base + self.chunk * self.head_dim
-
-    # ---- where each lane's MFMA operands live. Plain arithmetic, so the kernel calls these
-    # with DSL values and the tests with ints (tests/kernels/test_attention.py emulates the
-    # lanes and the documented MFMA register layout with them). ``nn`` = lane % 16 (a query
-    # row of the wave's 16), ``grp`` = lane // 16.
-
-    def stage_k_word(self, srow, seg):
-        """LDS int32 word where staging thread (srow, seg < 4) puts its 32 K bytes."""
-        return srow * (self.k_stride // 4) + seg * 8
-
-    def stage_v_word(self, srow, seg):
-        """LDS int32 word where staging thread (srow, seg >= 4) puts its 32 V bytes."""
-        return self.v_base // 4 + srow * (self.head_dim // 4) + (seg - 4) * 8
-
-    def k_frag_word(self, tile, nn, grp):
-        """First of the 8 words (K dims 32 grp .. 32 grp + 31, see ``qk_dim``) of position
-        ``tile * 16 + nn`` a lane feeds to ``S^T = K Q^T`` as operand A."""
-        return (tile * MFMA_N + nn) * (self.k_stride // 4) + grp * 8
-
-    def qk_dim(self, grp, step, e):
-        """The head dim of element ``e`` of k-step ``step`` of a lane's A (K) and B (q) operands
-        (``2 * mfma_words`` elements a step: K bytes / q floats ``step * 2 * mfma_words + e`` of
-        the lane's contiguous 32)."""
-        return grp * 32 + step * 2 * self.mfma_words + e
-
-    def score_pos(self, tile, grp, j):
-        """Chunk position of element ``j`` of a lane's S^T accumulator (and of its P^T operand)."""
-        return tile * MFMA_N + grp * 4 + j
-
-    def pv_pos(self, step, grp, e):
-        """Chunk position of element ``e`` of a lane's P^T and V^T operands in PV step ``step``:
-        a step covers ``mfma_words // 2`` score tiles (elements 4i..4i+3 are tile i's S^T
-        accumulator, as the softmax left it in the lane)."""
-        per = self.mfma_words // 2
-        return self.score_pos(step * per + e // 4, grp, e % 4)
-
-    def v_frag_word(self, pos, nn):
-        """The 2 words (V dims ``v_dim(nn, 0..7)``) of chunk position ``pos`` a lane reads for
-        its V^T operands of ``O^T = V^T P^T`` (byte t feeds M-tile t)."""
-        return self.v_base // 4 + pos * (self.head_dim // 4) + nn * 2
-
-    def v_dim(self, nn, t):
-        """The head dim of byte ``t`` of a lane's V fragment (row ``nn`` of M-tile ``t``)."""
-        return nn * 8 + t
-
-    def out_dim(self, grp, j, t):
-        """The head dim of element ``j`` of a lane's O^T accumulator of M-tile ``t``
-        (``v_dim(4 * grp + j, t)``): a lane ends with dims 32 grp .. 32 grp + 31."""
-        return self.v_dim(grp * 4 + j, t)
-
-    @property
-    def mfma_words(self) -> int:
-        """Operand words a lane feeds one MFMA: 4 (``v_mfma_f32_16x16x32_bf16``, gfx950: k =
-        32, twice the 16-deep instruction's work for the same issue) or 2 (gfx942)."""
-        return 4 if self.arch == "gfx950" else 2
-
-    @property
-    def prep_tasks_per_token(self) -> int:
-        """Wave tasks of the prep phase per token: q head pairs, then K+V."""
-        return self.heads // 2 + 1
-
-    @classmethod
-    def build(cls, layout: Layout, arch: str, variant: Variant) -> AttnGeometry:
-        m, s = layout.model, layout.serving
-        threads = layout.kernel.threads
-        waves = threads // WAVE
-        heads = layout.q_heads_per_rank
-        problems = []
-        if m.head_dim != 128:
-            problems.append(f"head_dim {m.head_dim} (the MFMA operand layout is written for 128)")
-        if layout.kv_heads_per_rank != 1:
-            problems.append(f"{layout.kv_heads_per_rank} KV heads per rank (written for 1)")
-        if s.qpr * heads != MFMA_N * waves:
-            problems.append(
-                f"qpr x q heads per rank = {s.qpr * heads} query rows per request, but the "
-                f"{waves} waves of a workgroup hold {MFMA_N * waves} (16 each)"
-            )
-        if heads % 2:
-            problems.append(f"{heads} q heads per rank (the prep phase pairs them)")
-        if (m.rotary_dim // 2) % 4:
-            problems.append(f"rotary_dim {m.rotary_dim} (half of it must be a multiple of 4)")
-        if threads % (8 * MFMA_N):
-            problems.append(f"{threads} threads (staging needs a multiple of 128)")
-        if problems:
-            raise MonoUnsupported(
-                f"layout {layout.name}: the attention phases do not support " + "; ".join(problems)
-            )
-        plan = abi.scratch_plan(layout, variant)
-        chunk = threads // 8
-        return cls(
-            arch=arch,
-            ctas=layout.ctas(arch),
-            threads=threads,
-            waves=waves,
-            head_dim=m.head_dim,
-            heads=heads,
-            qpr=s.qpr,
-            rows=s.qpr * heads,
-            rotary=m.rotary_dim,
-            kv_block=s.kv_block,
-            qkv_rows=layout.qkv_rows_per_rank,
-            q_rows=layout.q_rows_per_rank,
-            eps=float(m.norm_eps),
-            max_reqs=layout.variant_reqs(variant)[1],
-            fp8_max=arch_info(arch).fp8_max,
-            chunk=chunk,
-            min_partition=align_up(abi.ATTN_PARTITION, chunk),
-            slots=abi.attn_partial_slots(layout, variant),
-            off_qkv=plan.offset("qkv"),
-            off_attn=plan.offset("attn"),
-            off_part=plan.offset("attn_part"),
-            off_ml=plan.offset("attn_ml"),
-        )
-
-
-def attention_split(g: AttnGeometry, seq_lens: list[int]) -> tuple[int, list[int]]:
-    """The split the device computes (``split_plan`` in ``attention_phases``), on the host:
-    (partition length, tasks per request). Tests use it to check the slot bound and to know
-    which requests a case splits; the kernels never call it."""
-    lens = [max(int(s), 0) for s in seq_lens]
-    per_cta = ceil_div(sum(lens), g.ctas)
-    part = max(ceil_div(per_cta, g.chunk) * g.chunk, g.min_partition)
-    return part, [max(1, ceil_div(s, part)) for s in lens]
 
 
 # ---------------------------------------------------------------- device helpers (no control flow)

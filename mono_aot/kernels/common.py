@@ -18,8 +18,14 @@ from flydsl.expr.typing import T
 
 from mono_aot.spec import abi
 from mono_aot.spec.arch import arch_info
-from mono_aot.spec.errors import MonoUnsupported
 from mono_aot.spec.layouts import Layout
+from mono_aot.spec.plans import (  # noqa: F401 (PlanError, ProjectionRows: re-exported)
+    TABLE_SCALARS,
+    PlanError,
+    ProjectionRows,
+    table_addrs,
+    table_words,
+)
 from mono_aot.spec.util import ceil_div
 
 GLOBAL = fx.AddressSpace.Global
@@ -28,9 +34,8 @@ WAVE = 64
 AGENT = "agent"  # LLVM AMDGPU sync scope of one GPU
 SYSTEM = None  # LLVM's default (system) scope: every GPU and the host
 # What the LDS table carries from the prologue to every phase (KernelCtx.publish/fresh)
-TABLE_ADDRS = tuple(a.name for a in abi.kernel_args(4) if a.kind == "i64")
-TABLE_SCALARS = ("rank", "n", "bt_stride", "step_value", "par", "epoch", "seq")
-TABLE_WORDS = 2 * len(TABLE_ADDRS) + len(TABLE_SCALARS)
+TABLE_ADDRS = table_addrs(4)
+TABLE_WORDS = table_words(4)
 
 
 def _width_bytes(dtype: Any) -> int:
@@ -102,32 +107,6 @@ def fp8x4_to_f32x2(word: Any) -> tuple[Any, Any]:
     lo = fx.Vector(fx.rocdl.cvt_pk_f32_fp8(T.vec(2, T.f32), fx.Int32(word), False))
     hi = fx.Vector(fx.rocdl.cvt_pk_f32_fp8(T.vec(2, T.f32), fx.Int32(word), True))
     return lo, hi
-
-
-class PlanError(MonoUnsupported, ValueError):
-    """A projection plan cannot be built for this shape: the message names the plan, the rule
-    and its numbers (the build reports it as one line, no traceback)."""
-
-
-class ProjectionRows:
-    """How a projection plan's output rows split over workgroups (GemvPlan and GemmPlan share it).
-
-    Needs the plan's ``rows``, ``pairs``, ``ctas`` and ``threads`` fields.
-    """
-
-    @property
-    def waves(self) -> int:
-        return self.threads // WAVE
-
-    @property
-    def seg_rows(self) -> int:
-        """Rows split across workgroups: all rows, or the rows of one half of a pair matrix."""
-        return self.rows // 2 if self.pairs else self.rows
-
-    @property
-    def rows_per_cta(self) -> int:
-        """Most rows (or row pairs) one workgroup owns."""
-        return ceil_div(self.seg_rows, self.ctas)
 
 
 @dataclass(frozen=True)

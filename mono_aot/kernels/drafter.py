@@ -34,17 +34,18 @@ import flydsl.expr as fx
 from flydsl.expr import const_expr
 
 from mono_aot.kernels import allreduce, attention, gemv, pointwise, sync
-from mono_aot.kernels.common import TABLE_WORDS, KernelCtx, gptr, publish
+from mono_aot.kernels.common import KernelCtx, gptr, publish
 from mono_aot.kernels.names import KERNEL_NAMES
 from mono_aot.spec import abi
-from mono_aot.spec.arch import arch_info
 from mono_aot.spec.errors import BadInput, MonoUnsupported
 from mono_aot.spec.layouts import Layout, Variant
-from mono_aot.spec.util import align_up, ceil_div
-
-SUPPORTED_TP = 4  # the user's runner is TP 4 (the signature itself follows abi.kernel_args)
-GEMMS = ("valu", "mfma")
-
+from mono_aot.spec.plans import (  # noqa: F401 (default_gemm: re-exported)
+    GEMMS,
+    SUPPORTED_TP,
+    default_gemm,
+    lds_arena,
+    projection_plans,
+)
 
 _ARG_TYPES = {"i64": fx.Int64, "i32": fx.Int32}
 
@@ -73,11 +74,6 @@ def contract_signature(tp: int, *, stream: bool = False) -> Callable[[Any], Any]
     return apply
 
 
-def default_gemm(variant: Variant) -> str:
-    """The projection phase each variant uses unless told otherwise."""
-    return "mfma" if variant == "wide" else "valu"
-
-
 @dataclass(frozen=True)
 class Projections:
     """The four projections of a layer: plans plus the function that runs them."""
@@ -97,24 +93,11 @@ class Projections:
 def projections(layout: Layout, arch: str, variant: Variant, gemm: str) -> Projections:
     if gemm not in GEMMS:
         raise BadInput(f"unknown GEMV phase {gemm!r}; expected one of {', '.join(GEMMS)}")
+    plans = projection_plans(layout, arch, variant, gemm)
     if gemm == "mfma":
         from mono_aot.kernels import mfma
 
-        # the arch's full-rate MFMA and only the token-tile versions the variant can reach
-        return Projections(**mfma.plans_for(layout, arch, variant), run=mfma.mfma_gemm, name="mfma")
-    h = layout.model.hidden
-    common = {
-        "ctas": layout.ctas(arch),
-        "max_tokens": layout.variant_tokens(variant),
-        "threads": layout.kernel.threads,
-    }
-    shapes = {
-        "qkv": (layout.qkv_rows_per_rank, h, False),
-        "o": (h, layout.o_cols_per_rank, False),
-        "gu": (layout.gu_rows_per_rank, h, True),
-        "down": (h, layout.mlp_per_rank, False),
-    }
-    plans = {k: gemv.GemvPlan(r, c, pairs=p, **common) for k, (r, c, p) in shapes.items()}
+        return Projections(**plans, run=mfma.mfma_gemm, name="mfma")
     return Projections(**plans, run=gemv.gemv_rows, name="valu")
 
 
@@ -166,21 +149,12 @@ def make_launcher(spec: KernelSpec) -> Any:
     proj = projections(lay, arch, variant, spec.gemm)
     attn = attention.attention_phases(lay, arch, variant)
     RS = abi.mbox_rows(lay)
-    # LDS arena: [0, red) the GEMV's / attention's own use, then rstd [n_max] f32, then the
-    # per-workgroup tile [n_max][RS] f32 (o/down partials; the receive's squares)
-    red = max(proj.lds_bytes, attn.lds_bytes)
-    red = align_up(red, 256)
-    off_rstd = red
-    off_tile = off_rstd + align_up(n_max * 4, 256)
-    arena = off_tile + n_max * RS * 4
-    words = ceil_div(arena, 16) * 4
-    table_words = align_up(TABLE_WORDS, 4)
-    lds_total = words * 4 + 4 * 4 + table_words * 4  # the arena, sync_lds, the table
-    limit = arch_info(arch).lds_bytes_per_cu
-    if lds_total > limit:
-        raise MonoUnsupported(
-            f"{spec.name} for {arch}: {lds_total} bytes of LDS exceed the CU's {limit}"
-        )
+    # LDS arena (mono_aot.spec.plans.LdsArena): [0, red) the GEMV's / attention's own use,
+    # then rstd [n_max] f32, then the per-workgroup tile [n_max][RS] f32 (o/down partials; the
+    # receive's squares); PlanError when it exceeds the CU's LDS
+    lds_plan = lds_arena(lay, arch, variant, spec.gemm)
+    off_rstd, off_tile, arena = lds_plan.off_rstd, lds_plan.off_tile, lds_plan.arena
+    words, table_words = lds_plan.words, lds_plan.table_words
     run = proj.run
     ticks = spec.wait_ticks
     W_QKV, W_O, W_GU, W_D = QKV * H, H * lay.o_cols_per_rank, 2 * MLP * H, H * MLP

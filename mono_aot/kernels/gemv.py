@@ -24,7 +24,6 @@ Launches with more than 16 tokens (the wide variant without MFMA) run the K loop
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import flydsl.compiler as flyc
@@ -32,102 +31,21 @@ import flydsl.expr as fx
 from flydsl.expr import const_expr, range_constexpr, rocdl
 from flydsl.expr.typing import T
 
-from mono_aot.kernels.common import PlanError, ProjectionRows, bf16_hi, bf16_lo, fp8x4_to_f32, gptr
+from mono_aot.kernels.common import bf16_hi, bf16_lo, fp8x4_to_f32, gptr
+from mono_aot.spec.plans import (  # noqa: F401 (GemvPlan, PlanError: re-exported)
+    GEMV_KT,
+    GEMV_LANE_K,
+    GEMV_MAX_GROUP,
+    GemvPlan,
+    PlanError,
+)
 from mono_aot.spec.util import ceil_div
 
 WAVE = 64
-LANE_K = 16  # K positions (bytes of fp8) one lane covers per tile: one 16-byte load
-KT = WAVE * LANE_K  # K of one tile
-MAX_GROUP = 16  # tokens whose activations one K pass stages
+LANE_K = GEMV_LANE_K  # K positions (bytes of fp8) one lane covers per tile: one 16-byte load
+KT = GEMV_KT  # K of one tile
+MAX_GROUP = GEMV_MAX_GROUP  # tokens whose activations one K pass stages
 SUB = 8  # tokens per guarded block inside a group (the request size of the runner)
-
-
-@dataclass(frozen=True)
-class GemvPlan(ProjectionRows):
-    """Compile-time shape of one VALU GEMV (field names as ``mfma.GemmPlan``)."""
-
-    rows: int
-    cols: int
-    ctas: int
-    max_tokens: int
-    threads: int = 512
-    pairs: bool = False
-    x_stride: int = 0
-    lds_budget: int = 0  # unused: the staging tile's size is fixed by the group size
-
-    def __post_init__(self) -> None:
-        problems = []
-        if self.threads % WAVE or self.threads <= 0:
-            problems.append(f"threads={self.threads} must be a positive multiple of {WAVE}")
-        if self.cols % KT:
-            problems.append(f"cols={self.cols} must be a multiple of the {KT}-wide K tile")
-        if self.pairs and self.rows % 2:
-            problems.append(f"rows={self.rows} of a pair plan must be even")
-        if self.seg_rows < self.ctas:
-            problems.append(
-                f"{self.seg_rows} rows for {self.ctas} workgroups: every one needs a row"
-            )
-        if self.values_per_lane > WAVE:
-            problems.append(
-                f"{self.per_wave} rows per wave x {self.group} tokens exceed the {WAVE} lanes of "
-                "the reduction"
-            )
-        if (self.group * KT * 2 // 16) % self.threads:
-            problems.append("the staging tile must be a whole number of 16-byte vectors per thread")
-        if problems:
-            raise PlanError(f"GemvPlan({self.rows}x{self.cols}): " + "; ".join(problems))
-
-    @property
-    def per_wave(self) -> int:
-        """Rows one wave holds (a pair plan's gate and up rows count separately)."""
-        return ceil_div(self.local_rows, self.waves)
-
-    @property
-    def group(self) -> int:
-        return min(self.max_tokens, MAX_GROUP)
-
-    @property
-    def groups(self) -> int:
-        return ceil_div(self.max_tokens, self.group)
-
-    @property
-    def values_per_lane(self) -> int:
-        return self.per_wave * self.group
-
-    @property
-    def red_values(self) -> int:
-        """Values the halving reduction works on: a power of two."""
-        v = 1
-        while v < self.values_per_lane:
-            v *= 2
-        return v
-
-    @property
-    def tiles(self) -> int:
-        return self.cols // KT
-
-    @property
-    def xs(self) -> int:
-        return self.x_stride or self.cols
-
-    @property
-    def stage_bytes(self) -> int:
-        """The staging tile: ``group`` tokens x one K tile of bf16."""
-        return self.group * KT * 2
-
-    @property
-    def local_rows(self) -> int:
-        """Most rows a workgroup computes (both halves of a pair plan)."""
-        return self.rows_per_cta * (2 if self.pairs else 1)
-
-    @property
-    def lds_bytes(self) -> int:
-        """The staging tile, then the out tile (fp32 [local rows][group])."""
-        return self.stage_bytes + self.local_rows * self.group * 4
-
-    @property
-    def weight_bytes(self) -> int:
-        return self.rows * self.cols
 
 
 def _halves(P: GemvPlan) -> int:
@@ -187,19 +105,20 @@ def _fma_tokens_if(active: Any, acc: Any, wf: Any, hl: Any, lane: Any, t0: int, 
     return out
 
 
+def _plus(base: Any, v: Any) -> Any:
+    """``base + v``, emitting nothing for the single pass's base 0."""
+    return v if isinstance(base, int) and base == 0 else base + v
+
+
 @flyc.jit
-def _group(g: int, wg, tid, w, s, x, n, red, P: GemvPlan, emit: Callable[..., None]) -> None:
-    """One token group: the whole K loop, the reduction into the LDS out tile, the emits."""
-    G, NR, K, XS, NW, PW = P.group, P.seg_rows, P.cols, P.xs, P.waves, P.per_wave
-    lane = tid % WAVE
-    wave = fx.Int32(rocdl.readfirstlane(T.i32, tid // WAVE))
-    r0 = (wg * NR) // P.ctas
-    cnt = ((wg + 1) * NR) // P.ctas - r0
-    nloc = cnt * _halves(P)  # local rows: [gate rows | up rows] for pair plans
-    # the wave's local rows wave + j * NW; past nloc: load a valid row, never emitted
+def _rows_pass(base, g: int, lane, wave, r0, cnt, nloc, tid, w, x, n, red, P: GemvPlan) -> Any:
+    """One row pass of one token group: the local rows ``base + wave + j * waves`` (j <
+    ``pass_per_wave``) through the whole K loop, reduced into the LDS out tile (returned)."""
+    G, NR, K, XS, NW, PW = P.group, P.seg_rows, P.cols, P.xs, P.waves, P.pass_per_wave
+    # the wave's local rows; past nloc: load a valid row, never emitted
     w_lane = []
     for j in range_constexpr(PW):
-        i = fx.min(wave + j * NW, nloc - 1)
+        i = fx.min(_plus(base, wave + j * NW), nloc - 1)
         if const_expr(P.pairs):
             up = i >= cnt
             row = up.select(r0 + (i - cnt) + NR, r0 + i)
@@ -246,9 +165,32 @@ def _group(g: int, wg, tid, w, s, x, n, red, P: GemvPlan, emit: Callable[..., No
     shift = 6 - (V.bit_length() - 1)
     idx = lane >> shift
     jj = idx // G
-    i = wave + jj * NW
+    i = _plus(base, wave + jj * NW)
     if ((lane & ((1 << shift) - 1)) == 0) & (idx < PW * G) & (i < nloc):
         outt[i * G + idx % G] = total
+    return outt
+
+
+@flyc.jit
+def _group(g: int, wg, tid, w, s, x, n, red, P: GemvPlan, emit: Callable[..., None]) -> None:
+    """One token group: per row pass the whole K loop and the reduction into the LDS out
+    tile, then the emits."""
+    G, NR = P.group, P.seg_rows
+    lane = tid % WAVE
+    wave = fx.Int32(rocdl.readfirstlane(T.i32, tid // WAVE))
+    r0 = (wg * NR) // P.ctas
+    cnt = ((wg + 1) * NR) // P.ctas - r0
+    nloc = cnt * _halves(P)  # local rows: [gate rows | up rows] for pair plans
+    if const_expr(P.passes == 1):
+        outt = _rows_pass(0, g, lane, wave, r0, cnt, nloc, tid, w, x, n, red, P)
+    else:
+        for p in range(P.passes, unroll=1):
+            _rows_pass(fx.Int32(p) * P.pass_rows, g, lane, wave, r0, cnt, nloc, tid, w, x, n,
+                       red, P)  # fmt: skip
+        outt = (
+            fx.recast_iter(fx.Pointer[fx.Float32, fx.AddressSpace.Shared, 16].ir_type, red)
+            + P.stage_bytes // 4
+        )
     fx.gpu.barrier()
     # emits: every thread takes (row or pair, token) items of the out tile
     e = tid

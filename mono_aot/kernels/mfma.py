@@ -31,7 +31,6 @@ Nothing here reads ``grid_dim`` or calls device libraries; the only LDS is the c
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -40,16 +39,21 @@ import flydsl.expr as fx
 from flydsl.expr import const_expr, range_constexpr, rocdl
 from flydsl.expr.typing import T
 
-from mono_aot.kernels.common import PlanError, ProjectionRows
 from mono_aot.spec.layouts import Layout, Variant
+from mono_aot.spec.plans import (  # noqa: F401 (GemmPlan, PlanError, MFMA_K: re-exported)
+    CHUNK,
+    DEFAULT_LDS_BUDGET,
+    LANE_K,
+    MFMA_K,
+    PREFETCH_VGPRS,
+    TILE,
+    GemmPlan,
+    PlanError,
+    gemm_plans,
+)
 from mono_aot.spec.util import ceil_div
 
 WAVE = 64
-TILE = 16  # rows (A) and tokens (B) of one v_mfma_f32_16x16x16_bf16 tile
-LANE_K = 16  # K positions one lane covers per chunk: one 16-byte load of fp8 weights
-CHUNK = (WAVE // TILE) * LANE_K  # 64: K of one wave's chunk (4 lane groups x 16)
-PREFETCH_VGPRS = 96  # registers per lane the K loop may hold loads in flight in
-DEFAULT_LDS_BUDGET = 16 * 1024  # bytes of the reduction buffer unless the caller allows more
 BF16_PAIR_FROM_F32_HIGH_HALVES = (
     0x07060302  # v_perm_b32 selector: hi16(src_lo) | hi16(src_hi) << 16
 )
@@ -58,155 +62,11 @@ BF16_PAIR_FROM_F32_HIGH_HALVES = (
 PROJECTIONS: tuple[str, ...] = ("qkv", "o", "gu", "down")
 
 
-@dataclass(frozen=True)
-class GemmPlan(ProjectionRows):
-    """Compile-time shape of one GEMM phase (every field is a Python int or bool).
-
-    ``rows`` x ``cols`` is the stored fp8 matrix of one layer (row-major, one fp32 scale per row).
-    ``pairs``: the matrix is two stacked halves (gate rows then up rows); workgroup w gets the
-    same row run of both halves, so its ``emit`` sees ``gate[j]`` and ``up[j]`` together.
-    """
-
-    rows: int
-    cols: int
-    ctas: int
-    max_tokens: int
-    threads: int = 512
-    pairs: bool = False
-    x_stride: int = 0  # activation row stride in elements (0: cols)
-    lds_budget: int = DEFAULT_LDS_BUDGET
-    min_tokens: int = 1  # the fewest tokens a caller passes (a speed hint: any n <= max is right)
-    mfma_k: int = 16  # 16: v_mfma_f32_16x16x16_bf16 (gfx942); 32: v_mfma_f32_16x16x32_bf16 (gfx950)
-
-    def __post_init__(self) -> None:
-        problems = []
-        if self.threads % WAVE or self.threads <= 0:
-            problems.append(f"threads={self.threads} must be a positive multiple of {WAVE}")
-        elif self.cols % (CHUNK * self.waves):
-            problems.append(
-                f"cols={self.cols} must be a multiple of {CHUNK * self.waves} "
-                f"({self.waves} waves x {CHUNK}-wide chunks)"
-            )
-        if self.pairs and self.rows % 2:
-            problems.append(f"rows={self.rows} must be even for a gate/up pair matrix")
-        if self.ctas <= 0 or self.seg_rows < self.ctas:
-            problems.append(
-                f"{self.seg_rows} {'row pairs' if self.pairs else 'rows'} cannot give each of "
-                f"{self.ctas} workgroups at least one"
-            )
-        if not 1 <= self.min_tokens <= self.max_tokens:
-            problems.append(f"tokens {self.min_tokens}..{self.max_tokens}: need 1 <= min <= max")
-        if self.mfma_k not in (16, 32):
-            problems.append(f"mfma_k={self.mfma_k} must be 16 or 32")
-        if self.x_stride and (self.x_stride < self.cols or self.x_stride % 8):
-            problems.append(
-                f"x_stride={self.x_stride} must be >= cols and a multiple of 8 (16 bytes)"
-            )
-        if problems:
-            raise PlanError(f"GemmPlan({self.rows}x{self.cols}): " + "; ".join(problems))
-        if self.lds_budget < self.round_bytes:
-            raise PlanError(
-                f"GemmPlan({self.rows}x{self.cols}): lds_budget={self.lds_budget} is below one "
-                f"reduction round ({self.round_bytes} bytes)"
-            )
-
-    # ---- derived (the only place they are computed) ----
-
-    @property
-    def seg_tiles(self) -> int:
-        return ceil_div(self.rows_per_cta, TILE)
-
-    @property
-    def row_tiles(self) -> int:
-        """16-row MFMA tiles per workgroup (both halves for a pair matrix)."""
-        return 2 * self.seg_tiles if self.pairs else self.seg_tiles
-
-    @property
-    def token_tiles(self) -> int:
-        return ceil_div(self.max_tokens, TILE)
-
-    @property
-    def chunks_per_wave(self) -> int:
-        return self.cols // (CHUNK * self.waves)
-
-    @property
-    def xs(self) -> int:
-        return self.x_stride or self.cols
-
-    @property
-    def round_bytes(self) -> int:
-        """LDS of one reduction round: every wave's fp32 partial of one token tile."""
-        return self.waves * self.row_tiles * TILE * TILE * 4
-
-    @property
-    def tiles_per_round(self) -> int:
-        return max(1, min(self.token_tiles, self.lds_budget // self.round_bytes))
-
-    @property
-    def rounds(self) -> int:
-        return ceil_div(self.token_tiles, self.tiles_per_round)
-
-    @property
-    def lds_bytes(self) -> int:
-        """Size of the ``red`` buffer the caller passes (fp32, 16-byte aligned)."""
-        return self.round_bytes * self.tiles_per_round
-
-    @property
-    def lds_floats(self) -> int:
-        return self.lds_bytes // 4
-
-    @property
-    def min_token_tiles(self) -> int:
-        return ceil_div(self.min_tokens, TILE)
-
-    def prefetch_for(self, nt: int) -> int:
-        """Chunks whose loads are in flight ahead of the one being multiplied (by VGPR budget)."""
-        per_chunk = 4 * self.row_tiles + 8 * nt  # VGPRs one chunk's loads occupy
-        return (
-            max(1, min(self.chunks_per_wave - 1, PREFETCH_VGPRS // per_chunk))
-            if self.chunks_per_wave > 1
-            else 0
-        )
-
-    @property
-    def weight_bytes(self) -> int:
-        return self.rows * self.cols
-
-    def cta_rows(self, cta: int) -> tuple[int, int]:
-        """[first, end) of the rows (or row pairs) workgroup ``cta`` owns (host-side mirror)."""
-        return (cta * self.seg_rows // self.ctas, (cta + 1) * self.seg_rows // self.ctas)
-
-
-MFMA_K: dict[str, int] = {"gfx942": 16, "gfx950": 32}  # the bf16 MFMA each arch runs at full rate
-
-
 def plans_for(
     layout: Layout, arch: str, variant: Variant = "wide", lds_budget: int = DEFAULT_LDS_BUDGET
 ) -> dict[str, GemmPlan]:
-    """The four projections of a layer (per rank) for ``variant`` on ``arch``.
-
-    qkv: ``[qkv_rows, hidden]``; o: ``[hidden, o_cols]``; gu: ``[2 * mlp, hidden]`` as a pair
-    matrix (gate row j with up row j); down: ``[hidden, mlp]``. Token tiles cover the variant's
-    request range (the versions below its fewest tokens are not built: the smallest one serves
-    them); the MFMA is the arch's full-rate bf16 one.
-    """
-    if arch not in MFMA_K:
-        raise ValueError(f"no MFMA GEMM for arch {arch!r} (supported: {', '.join(sorted(MFMA_K))})")
-    common = {
-        "ctas": layout.ctas(arch),
-        "max_tokens": layout.variant_tokens(variant),
-        "threads": layout.kernel.threads,
-        "lds_budget": lds_budget,
-        "min_tokens": layout.variant_reqs(variant)[0] * layout.serving.qpr,
-        "mfma_k": MFMA_K[arch],
-    }
-    h = layout.model.hidden
-    return {
-        "qkv": GemmPlan(layout.qkv_rows_per_rank, h, **common),
-        "o": GemmPlan(h, layout.o_cols_per_rank, **common),
-        "gu": GemmPlan(layout.gu_rows_per_rank, h, pairs=True, **common),
-        "down": GemmPlan(h, layout.mlp_per_rank, **common),
-    }
+    """The four projections of a layer as MFMA GEMMs (``mono_aot.spec.plans.gemm_plans``)."""
+    return gemm_plans(layout, arch, variant, lds_budget)
 
 
 def wide_plans(
@@ -245,10 +105,21 @@ def cta_run(P: GemmPlan, wg: Any) -> tuple[Any, Any]:
     return r0, ((wg + 1) * P.seg_rows) // P.ctas - r0
 
 
-def lane_row(P: GemmPlan, r0: Any, cnt: Any, m: int, lr: Any) -> Any:
-    """Matrix row lane ``lr`` (0..15) of row tile ``m`` loads: past the run's end it repeats the
-    run's last row (same bytes as a valid lane of the same load; never emitted)."""
-    local = _imin((m % P.seg_tiles) * TILE + lr, cnt - 1)
+def _plus(base: Any, v: Any) -> Any:
+    """``base + v``, emitting nothing for the single pass's base 0."""
+    return v if isinstance(base, int) and base == 0 else base + v
+
+
+def pass_base(P: GemmPlan, p: Any) -> Any:
+    """First run row (pair) of row pass ``p``."""
+    return p * (P.seg_tiles * TILE)
+
+
+def lane_row(P: GemmPlan, r0: Any, cnt: Any, m: int, lr: Any, base: Any = 0) -> Any:
+    """Matrix row lane ``lr`` (0..15) of row tile ``m`` of the row pass starting at run row
+    ``base`` loads: past the run's end it repeats the run's last row (same bytes as a valid
+    lane of the same load; never emitted)."""
+    local = _imin(_plus(base, (m % P.seg_tiles) * TILE + lr), cnt - 1)
     return r0 + local + (P.seg_rows if m >= P.seg_tiles else 0)
 
 
@@ -389,8 +260,8 @@ def mfma_gemm(wg, tid, w, s, x, n, red, plan: GemmPlan, emit):
     reused right after. Never calls the grid barrier.
     """
     P = plan
-    MT, NT = P.row_tiles, P.token_tiles
-    K, XS = P.cols, P.xs
+    NT = P.token_tiles
+    XS = P.xs
     c = SimpleNamespace(P=P, emit=emit, s=s, red=_f32_shared(red))
     c.tid = fx.Int32(tid)
     c.n = fx.Int32(n)
@@ -399,15 +270,37 @@ def mfma_gemm(wg, tid, w, s, x, n, red, plan: GemmPlan, emit):
     lr = c.lane % TILE  # MFMA row (A) / token (B) of this lane
     grp = c.lane // TILE  # K group of this lane
     c.r0, c.cnt = cta_run(P, fx.Int32(wg))
-    c.w_lane = []  # chunk q of lane's row tile m is at w_lane[m] + (lane_k(.., q) - lane_k(.., 0))
-    for m in range_constexpr(MT):
-        row = lane_row(P, c.r0, c.cnt, m, lr)
-        c.w_lane.append(w + fx.Int64(row) * K + fx.Int64(lane_k(P, c.wave, grp, 0)))
+    if const_expr(P.passes == 1):
+        c.base = 0
+        c.w_lane = _w_lanes(c, w, lr, grp)
     c.x_lane = []
     for t in range_constexpr(NT):
         tok = lane_tok(t, lr, c.n)
         c.x_lane.append(x + (fx.Int64(tok) * XS + fx.Int64(lane_k(P, c.wave, grp, 0))) * 2)
-    _phase_versions(c)
+    if const_expr(P.passes == 1):
+        _phase_versions(c)
+    else:
+        for p in range(P.passes, unroll=1):  # row passes: each a K sweep over its own rows
+            _row_pass(c, w, lr, grp, pass_base(P, fx.Int32(p)))
+
+
+def _w_lanes(c, w, lr, grp):
+    """Per row tile of the pass at ``c.base``: the lane's weight address of chunk 0 (chunk q
+    of row tile m is at ``w_lane[m] + (lane_k(.., q) - lane_k(.., 0))``)."""
+    P = c.P
+    out = []
+    for m in range_constexpr(P.row_tiles):
+        row = lane_row(P, c.r0, c.cnt, m, lr, c.base)
+        out.append(w + fx.Int64(row) * P.cols + fx.Int64(lane_k(P, c.wave, grp, 0)))
+    return out
+
+
+@flyc.jit
+def _row_pass(c, w, lr, grp, base):
+    cp = SimpleNamespace(**vars(c))
+    cp.base = base
+    cp.w_lane = _w_lanes(cp, w, lr, grp)
+    _phase_versions(cp)
 
 
 def _phase_versions(c):
@@ -517,7 +410,8 @@ def _reduce_round(c, acc, tiles):
         ragged = k * P.threads + P.threads > elems  # the last pass has idle threads
         tr, j, r, f = red_elem(P, _imin(e, elems - 1) if ragged else e)
         tok = fx.Int32(tiles[0] * TILE) + tr * TILE + j
-        valid = (r < c.cnt) & (tok < c.n)
+        rr = _plus(c.base, r)  # the row (pair) in the run
+        valid = (rr < c.cnt) & (tok < c.n)
         if ragged:
             valid = valid & (e < elems)
         sums = []
@@ -526,7 +420,7 @@ def _reduce_round(c, acc, tiles):
             for wv in range(NW):
                 tot = tot + c.red[red_read(P, tr, wv, seg * HT + r // TILE, f)]
             sums.append(tot)
-        _emit_scaled_if(valid, c.emit, c.s, tok, c.r0 + r, sums, P.seg_rows, P.pairs)
+        _emit_scaled_if(valid, c.emit, c.s, tok, c.r0 + rr, sums, P.seg_rows, P.pairs)
     fx.gpu.barrier()
 
 

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from mono_aot.spec import abi
 from mono_aot.spec.arch import ARCHS, SUPPORTED_ARCHS
 from mono_aot.spec.errors import LayoutError
+from mono_aot.spec.plans import kernel_problems
 from mono_aot.spec.util import canonical_json, sha256_hex
 
 LAYOUT_SCHEMA_VERSION = 1
@@ -307,8 +308,15 @@ def _format_validation_error(err: ValidationError, source: str) -> list[str]:
     return lines
 
 
-def parse_layout(data: Mapping[str, Any], source: str, name: str | None = None) -> Layout:
-    """Validate a spec's mapping; ``LayoutError`` lists every problem as ``source: field: rule``."""
+def parse_layout(
+    data: Mapping[str, Any], source: str, name: str | None = None, *, kernels: bool = False
+) -> Layout:
+    """Validate a spec's mapping; ``LayoutError`` lists every problem as ``source: field: rule``.
+
+    ``kernels``: also refuse a layout the drafter kernels cannot be built for, on any of its
+    targets and variants (``mono_aot.spec.plans.kernel_problems``: the very plan code the
+    kernels compile from). Spec files are always checked so (``load_layout``); a mapping made
+    in memory for the torch reference may describe a geometry no kernel serves."""
     if not isinstance(data, Mapping):
         raise LayoutError([f"{source}: (top level): a spec must be a TOML table"])
     doc = dict(data)
@@ -319,13 +327,19 @@ def parse_layout(data: Mapping[str, Any], source: str, name: str | None = None) 
             )
         doc.setdefault("name", name)
     try:
-        return Layout.model_validate(doc)
+        lay = Layout.model_validate(doc)
     except ValidationError as err:
         raise LayoutError(_format_validation_error(err, source)) from None
+    if kernels:
+        bad = [f"{source}: {f}: {r}" for f, r in kernel_problems(lay)]
+        if bad:
+            raise LayoutError(bad)
+    return lay
 
 
 def load_layout(path: str | Path) -> Layout:
-    """Load and validate ``path``; its stem is the layout's name."""
+    """Load and validate ``path``; its stem is the layout's name. A spec file names kernels
+    to build, so it must be buildable: ``parse_layout(..., kernels=True)``."""
     p = Path(path)
     try:
         raw = p.read_bytes()
@@ -337,7 +351,7 @@ def load_layout(path: str | Path) -> Layout:
         raise LayoutError([f"{p}: not UTF-8 text (byte {e.start})"]) from None
     except tomllib.TOMLDecodeError as e:
         raise LayoutError([f"{p}: invalid TOML: {e}"]) from None
-    return parse_layout(data, str(p), name=p.stem)
+    return parse_layout(data, str(p), name=p.stem, kernels=True)
 
 
 def spec_toml(layout: Layout) -> str:
