@@ -445,9 +445,7 @@ def projection_plans(
     the wide kernel's default) token tiles cover the variant's request range (the versions
     below its fewest tokens are not built: the smallest one serves them) and the MFMA is the
     arch's full-rate bf16 one; as VALU GEMVs ("valu", the narrow kernel's default)."""
-    return {
-        k: projection_plan(layout, arch, variant, k, gemm, lds_budget) for k in PROJECTION_COLS
-    }
+    return {k: projection_plan(layout, arch, variant, k, gemm, lds_budget) for k in PROJECTION_COLS}
 
 
 def gemm_plans(
@@ -479,7 +477,10 @@ def attention_problems(layout: Layout) -> list[tuple[str, str]]:
     problems = []
     if m.head_dim != 128:
         problems.append(
-            ("model.head_dim", f"head_dim {m.head_dim} (the MFMA operand layout is written for 128)")
+            (
+                "model.head_dim",
+                f"head_dim {m.head_dim} (the MFMA operand layout is written for 128)",
+            )
         )
     if layout.kv_heads_per_rank != 1:
         problems.append(
