@@ -18,6 +18,26 @@ from tests.emulator.conftest import CASES
 
 pytestmark = pytest.mark.slow
 
+# FlyDSL writes its ISA dump from a second LLVM codegen of the same IR (``_dump_isa`` in
+# flydsl/compiler/jit_function.py re-parses the module and runs gpu-module-to-binary with
+# format=isa after the binary was made), and LLVM's scheduling depends on heap addresses: the
+# two can differ in a scheduling region while agreeing on everything else (seen: 20 of 14,512
+# instructions of wide gfx950, within 23 consecutive ones, after an unrelated source edit). So
+# the listing is an exact oracle except for at most one such window; a decoder bug in any
+# encoding the kernels use recurs far beyond one window and fails the test.
+MAX_WINDOW = 64
+
+
+def _windows(mismatches) -> list[tuple[int, int]]:
+    """The runs of mismatching instruction indices, joined across gaps of under 8."""
+    out: list[list[int]] = []
+    for m in mismatches:
+        if out and m.index - out[-1][1] < 8:
+            out[-1][1] = m.index
+        else:
+            out.append([m.index, m.index])
+    return [(a, b) for a, b in out]
+
 
 @pytest.mark.parametrize(("variant", "arch"), CASES)
 def test_rendering_equals_the_compilers_listing(shipped, variant, arch):
@@ -26,7 +46,10 @@ def test_rendering_equals_the_compilers_listing(shipped, variant, arch):
     assert dk.kernel.arch == arch
     assert dk.kernel.name == f"mono_drafter_{variant}_0"
     mismatches = compare(dk, b.isa)
-    assert not mismatches, "\n".join(map(str, mismatches[:20]))
+    windows = _windows(mismatches)
+    said = "\n".join(map(str, mismatches[:20]))
+    assert all("<end of" not in (m.expected + m.got) for m in mismatches), said
+    assert len(windows) <= 1 and all(b_ - a < MAX_WINDOW for a, b_ in windows), said
     insts = dk.instructions
     assert len(insts) > 10_000
     # the instructions tile the kernel's code exactly
@@ -88,3 +111,14 @@ def test_corrupted_and_unknown_words_name_kernel_offset_and_bits(shipped, varian
         decode_kernel(_patched(b.code_object, name, mfma.offset, unknown))
     assert ei.value.offset == mfma.offset and "unknown VOP3P opcode 127" in str(ei.value)
     assert f"bits 0x{unknown:08x} 0x{mfma.words[1]:08x}" in str(ei.value)
+
+
+def test_one_wrong_encoding_recurs_beyond_the_tolerated_window(shipped):
+    """What the window tolerance still catches: a decoder that renders one opcode wrongly
+    (simulated by renaming that opcode in the listing) disagrees all over the kernel, never in
+    a single window."""
+    b = shipped[("narrow", "gfx942")]
+    dk = decode_kernel(b.code_object)
+    wrong = b.isa.replace("v_lshlrev_b32_e32", "v_lshlrev_b16_e32")
+    windows = _windows(compare(dk, wrong))
+    assert len(windows) > 1 or any(b_ - a >= MAX_WINDOW for a, b_ in windows), windows
