@@ -11,8 +11,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from mono_aot.compiler.codeobject import ELFOSABI_AMDGPU_HSA, EM_AMDGPU, CodeObjectInfo, KernelMeta
-from mono_aot.spec.arch import ArchInfo, arch_info
+from mono_aot.compiler.codeobject import CodeObjectInfo, KernelMeta
+from mono_aot.spec.arch import ELFOSABI_AMDGPU_HSA, EM_AMDGPU, ArchInfo, arch_info
 from mono_aot.spec.util import align_up, ceil_div
 
 CODE_OBJECT_V6_ABI_VERSION = 4

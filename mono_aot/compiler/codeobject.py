@@ -16,9 +16,7 @@ import msgpack
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
-EM_AMDGPU = 224
-ELFOSABI_AMDGPU_HSA = 64
-NT_AMDGPU_METADATA = 32
+from mono_aot.spec.arch import NT_AMDGPU_METADATA
 
 
 class CodeObjectError(ValueError):

@@ -15,9 +15,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-EM_AMDGPU = 224
-EF_AMDGPU_MACH_MASK = 0xFF
-MACH_TO_ARCH = {0x4C: "gfx942", 0x4F: "gfx950"}
+from mono_aot.spec.arch import EF_AMDGPU_MACH, EM_AMDGPU, MACH_TO_ARCH
+
 SHT_SYMTAB = 2
 STT_OBJECT = 1
 STT_FUNC = 2
@@ -73,7 +72,7 @@ class CodeObject:
         if self.machine != EM_AMDGPU:
             raise ElfError(f"ELF machine {self.machine} is not AMDGPU ({EM_AMDGPU})")
         (self.e_flags,) = struct.unpack_from("<I", d, 48)
-        mach = self.e_flags & EF_AMDGPU_MACH_MASK
+        mach = self.e_flags & EF_AMDGPU_MACH
         if mach not in MACH_TO_ARCH:
             raise ElfError(
                 f"e_flags 0x{self.e_flags:x}: EF_AMDGPU_MACH 0x{mach:x} is not a supported "

@@ -17,15 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from mono_aot.runtime.device import Device, DeviceFacts
 from mono_aot.spec import abi
-from mono_aot.spec.arch import ARCHS, base_arch
+from mono_aot.spec.arch import ARCHS, EF_AMDGPU_MACH, EM_AMDGPU, base_arch
 from mono_aot.spec.errors import BadInput, MonoError, MonoUnsupported
 
 if TYPE_CHECKING:
     from mono_aot.spec.layouts import Layout
     from mono_aot.store import Entry, Hit, Store
 
-EM_AMDGPU = 224
-EF_MACH = 0x0FF
 # code object v4+ target features in e_flags: (mask, {value: setting})
 EF_FEATURES = {
     "xnack": (0x300, {0x000: "unsupported", 0x100: "any", 0x200: "off", 0x300: "on"}),
@@ -58,7 +56,11 @@ def check_target(data: bytes, entry: Entry, facts: DeviceFacts) -> None:
         )
     dev_arch = base_arch(facts.arch_name)
     info = ARCHS.get(entry.arch)
-    if info is None or entry.arch != dev_arch or (e_flags & EF_MACH) != (info.e_flags & EF_MACH):
+    if (
+        info is None
+        or entry.arch != dev_arch
+        or (e_flags & EF_AMDGPU_MACH) != (info.e_flags & EF_AMDGPU_MACH)
+    ):
         raise MonoUnsupported(
             f"{what} targets {entry.arch} (e_flags {e_flags:#x}); device {facts.index} is "
             f"{facts.arch_name}"

@@ -68,6 +68,14 @@ ARCHS: dict[str, ArchInfo] = {
 
 SUPPORTED_ARCHS: tuple[str, ...] = tuple(sorted(ARCHS))
 
+# The ELF facts of an AMDGPU code object, shared by the build's checks, the runtime's loader and
+# the emulator's reader.
+EM_AMDGPU = 224  # e_machine
+ELFOSABI_AMDGPU_HSA = 64  # e_ident[EI_OSABI]
+NT_AMDGPU_METADATA = 32  # the msgpack metadata note
+EF_AMDGPU_MACH = 0x0FF  # the e_flags bits naming the processor
+MACH_TO_ARCH: dict[int, str] = {info.e_flags & EF_AMDGPU_MACH: name for name, info in ARCHS.items()}
+
 
 def arch_info(name: str) -> ArchInfo:
     """The arch's facts; ``KeyError`` names the supported set."""
