@@ -50,8 +50,9 @@ def test_without_a_gpu_every_rank_keeps_the_stock_forward_with_one_log_line(tmp_
     steps = _same_on_every_rank(outs, "piecewise")
     assert [x["decision"] for x in steps] == [OFF, OFF] and all(x["equal"] for x in steps)
     assert steps[0]["off"].startswith("cudagraph_mode PIECEWISE")
-    steps = _same_on_every_rank(outs, "build")
+    *steps, freed = _same_on_every_rank(outs, "build")
     assert all(x["decision"] == OFF and x["equal"] for x in steps) and steps[0]["builds"] == 0
+    assert freed == {"freed_with_model": 0}  # nothing was allocated, nothing to release
     assert steps[0]["off"].startswith(
         "drafter runner failed on 4 rank(s): ranks 0, 1, 2, 3: no libamdhip64.so is loaded"
     ), steps[0]["off"]
@@ -64,9 +65,10 @@ def test_without_a_gpu_every_rank_keeps_the_stock_forward_with_one_log_line(tmp_
 
 def test_tp_2_is_refused_on_every_rank(tmp_path):
     outs = _cluster(tmp_path, 2, "FULL", ["build"])
-    steps = _same_on_every_rank(outs, "build")
+    *steps, freed = _same_on_every_rank(outs, "build")
     assert steps[0]["off"] == "TP 2: the kernels are built for TP 4"
     assert all(x["decision"] == OFF and x["equal"] for x in steps)
+    assert freed == {"freed_with_model": 0}
 
 
 @pytest.fixture(scope="module")
