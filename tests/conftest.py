@@ -29,3 +29,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "rocm" in item.keywords:
             item.add_marker(skip)
+
+
+SHIPPED_CASES = [(v, a) for a in ("gfx942", "gfx950") for v in ("narrow", "wide")]
+
+
+@pytest.fixture(scope="session")
+def shipped_compiles(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The four shipped kernels (narrow and wide of the shipped layout, gfx942 and gfx950),
+    each compiled once per test session, two at a time, in the build's own worker subprocess:
+    ``{(variant, arch): CompileResult}``, the code object and FlyDSL's ISA listing of it. Shared
+    by the kernel and emulator tests, so the session compiles them once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mono_aot.compiler.compile import compile_kernel
+    from mono_aot.keys import real_provider
+    from mono_aot.spec.layouts import resolve_layout
+
+    lay = resolve_layout("minimax-m3-dspark-tp4")
+    prov = real_provider()
+    root = tmp_path_factory.mktemp("shipped-compiles")
+
+    def one(job: tuple[str, str]):
+        variant, arch = job
+        return job, compile_kernel(prov, variant, lay, arch, root / f"{variant}-{arch}")
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(one, SHIPPED_CASES))
