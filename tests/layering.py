@@ -15,7 +15,8 @@ from pathlib import Path
 
 # package -> the packages it may import (itself included). The flow, bottom up:
 # spec -> keys -> store -> runtime -> vllm; reference beside the store; kernels and compiler
-# on the build side; selftest, bench and cli on top.
+# on the build side; the emulator beside them (device-independent); selftest, bench and cli on
+# top (the selftest runs its checks on GPUs or on the emulator).
 ALLOWED: dict[str, set[str]] = {
     "spec": {"spec"},
     "keys": {"spec", "keys"},
@@ -25,12 +26,12 @@ ALLOWED: dict[str, set[str]] = {
     "compiler": {"spec", "keys", "store", "compiler"},
     "runtime": {"spec", "keys", "store", "runtime"},
     "vllm": {"spec", "keys", "store", "runtime", "vllm"},
-    "selftest": {"spec", "keys", "store", "runtime", "reference", "selftest"},
+    "selftest": {"spec", "keys", "store", "runtime", "reference", "emulator", "selftest"},
     "bench": {"spec", "keys", "store", "runtime", "reference", "compiler", "selftest", "bench"},
     "emulator": {"spec", "emulator"},
     "cli": {
         "spec", "keys", "store", "reference", "compiler", "runtime", "vllm", "selftest",
-        "bench", "cli", "kernels",
+        "bench", "cli", "kernels", "emulator",
     },
 }  # fmt: skip
 ROOT_MODULES = {"mono_aot", "mono_aot.__main__"}  # the version string and ``python -m mono_aot``

@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "doctor": "mono_aot.cli.doctor:doctor",
     "selftest": "mono_aot.cli.selftest:selftest",
     "bench": "mono_aot.cli.bench:bench",
+    "emulate": "mono_aot.cli.emulate:emulate",
 }
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Union
 
 import numpy as np
 
@@ -49,7 +48,7 @@ class OpContext:
     clamp: bool = False
 
 
-Result = Union[Lanes, tuple[Union[Lanes, None], Mask]]
+Result = Lanes | tuple[Lanes | None, Mask]
 LaneOp = Callable[..., Result]
 
 

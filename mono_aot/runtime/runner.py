@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mono_aot.spec import abi
 from mono_aot.spec.errors import BadInput, MonoError, MonoUnsupported
@@ -55,6 +55,16 @@ class TPGroup:
     world_size: int
     rank: int
     cpu_group: Any  # a torch.distributed gloo group over the TP ranks
+
+
+class MappedPeers(Protocol):
+    """The all-reduce mailbox buffers as this rank addresses them: ``pe[r]`` is rank r's, and
+    ``pe[rank]`` is ``local``. ``mono_aot.runtime.peer.PeerBuffer`` maps them over HIP IPC."""
+
+    local: int
+    pe: list[int]
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -168,6 +178,7 @@ class DrafterRunner:
         attention_context: Callable[[str], AttentionContext] | None = None,
         store: Store | None = None,
         env: dict[str, str] | None = None,
+        peers: MappedPeers | None = None,
     ) -> None:
         from mono_aot.runtime.peer import PeerBuffer, agree
         from mono_aot.spec.layouts import resolve_layout
@@ -188,11 +199,23 @@ class DrafterRunner:
             self._prepare(model, device, attention_context, store, env)
         except Exception as e:  # noqa: BLE001 - reported to every rank
             reason = f"{type(e).__name__}: {e}" if not isinstance(e, MonoError) else str(e)
-        agree(not reason, reason, "drafter runner", group.cpu_group)
-        self.peers = PeerBuffer(
-            lay.peer_bytes, group.cpu_group, self.rank, group.world_size, self.device.hip
-        )
-        self.pe = [int(a) for a in self.peers.addresses.tolist()]
+        if peers is not None:
+            # mapped by the caller for every rank at once (the emulator's one address space):
+            # no exchange, so nothing collective to agree on either
+            if reason:
+                raise MonoUnsupported(f"drafter runner on rank {self.rank}: {reason}")
+            if len(peers.pe) != group.world_size or peers.pe[self.rank] != peers.local:
+                raise BadInput(
+                    f"peers: {len(peers.pe)} addresses with rank {self.rank}'s at "
+                    f"{peers.local:#x}; expected {group.world_size} with this rank's own"
+                )
+            self.peers: MappedPeers = peers
+        else:
+            agree(not reason, reason, "drafter runner", group.cpu_group)
+            self.peers = PeerBuffer(
+                lay.peer_bytes, group.cpu_group, self.rank, group.world_size, self.device.hip
+            )
+        self.pe = [int(a) for a in self.peers.pe]
 
     def _prepare(
         self,

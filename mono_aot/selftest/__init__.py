@@ -204,7 +204,7 @@ class Session:
         self.dir = Path(self._tmp.name)
         try:
             self.short = (
-                artifacts.short_wait_layout(layout, DEAD_RANK_WAIT_S) if dead_rank else None
+                artifacts.short_wait_layout(layout, self.dead_rank_wait_s) if dead_rank else None
             )
             status = artifacts.ensure_kernels(
                 artifacts.needs(layout, self.short), arch, self.dir, log=log, env=env
@@ -348,24 +348,28 @@ class Session:
         self.close()
 
 
-def save_case(prob: Problem, directory: Path, index: int) -> tuple[Path, list[Path]]:
-    import torch
-
+def case_inputs(prob: Problem) -> dict[str, Any]:
+    """The step's inputs as ``mono_aot.selftest.rank.stage_step`` reads them: the strided
+    block table kept as a view of its contiguous base."""
     inp = prob.inputs
     bt = inp.block_table
     base = bt._base if bt._base is not None and bt._base.is_contiguous() else bt.contiguous()
     if base is not bt._base:  # bt itself re-laid out: its own strides
         bt = base
+    return {
+        "x": inp.x, "positions": inp.positions, "slots": inp.slots,
+        "seq_lens": inp.seq_lens, "bt_base": base.contiguous(),
+        "bt_shape": tuple(bt.shape), "bt_stride": tuple(bt.stride()),
+        "bt_offset": bt.storage_offset() - base.storage_offset(),
+    }  # fmt: skip
+
+
+def save_case(prob: Problem, directory: Path, index: int) -> tuple[Path, list[Path]]:
+    """``case_inputs`` in one file, and each rank's pre-step caches in one file each."""
+    import torch
+
     path = directory / f"case-{index}.pt"
-    torch.save(
-        {
-            "x": inp.x, "positions": inp.positions, "slots": inp.slots,
-            "seq_lens": inp.seq_lens, "bt_base": base.contiguous(),
-            "bt_shape": tuple(bt.shape), "bt_stride": tuple(bt.stride()),
-            "bt_offset": bt.storage_offset() - base.storage_offset(),
-        },
-        path,
-    )  # fmt: skip
+    torch.save(case_inputs(prob), path)
     caches = []
     for r, rank_caches in enumerate(prob.caches()):
         p = directory / f"case-{index}-rank{r}.pt"
@@ -429,7 +433,7 @@ def _dead_rank_check(s: Session) -> CheckResult:
         h = a["health"]
         if (h[abi.H_STATUS], h[abi.H_WHAT], h[abi.H_PEER]) != want:
             problems.append(f"rank {a['rank']}: health {abi.describe_health(h)}")
-        if a["seconds"] > 10 * DEAD_RANK_WAIT_S + 20:
+        if a["seconds"] > 10 * s.dead_rank_wait_s + 20:
             problems.append(f"rank {a['rank']} took {a['seconds']:.1f} s to give up")
     # everyone back in step: the same step counter on every rank, health cleared, the same
     # peer buffers (stale mailbox contents must not pass for current ones)

@@ -32,13 +32,18 @@ BUILD_TIMEOUT_S = 3600.0
 
 
 def short_wait_layout(layout: Layout, seconds: float) -> Layout:
-    """``layout`` with every wait bounded by ``seconds``: its own kernels, its own keys."""
+    """``layout`` with every wait bounded by ``seconds``: its own kernels, its own keys (or
+    ``layout`` itself when its bound is already that short)."""
     from mono_aot.spec.layouts import parse_layout
 
+    if layout.serving.peer_wait_s <= seconds:
+        return layout
     doc = layout.model_dump(mode="json")
     doc["serving"]["peer_wait_s"] = float(seconds)
-    ms = round(seconds * 1000)
-    doc["name"] = f"{layout.name}-wait{ms}ms"
+    us = round(seconds * 1e6)
+    doc["name"] = (
+        f"{layout.name}-wait{us // 1000}ms" if us % 1000 == 0 else f"{layout.name}-wait{us}us"
+    )
     doc["description"] = f"{layout.name} with a {seconds:g} s wait bound (selftest dead-rank)"
     return parse_layout(doc, f"{layout.name} with peer_wait_s = {seconds:g}")
 

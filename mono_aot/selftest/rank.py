@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from types import SimpleNamespace as NS
 from typing import TYPE_CHECKING, Any
 
@@ -125,58 +126,93 @@ def run_step(ctx: RankContext, msg: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from mono_aot.runtime.runner import AttentionContext
-
     st = ctx.state
     runner = st["runners"][msg.get("runner", "normal")]
-    dev = st["device"]
     case = torch.load(msg["case"], weights_only=True)
     pre = torch.load(msg["caches"], weights_only=True)
-    blocks = pre[0].shape[0]
-    for kv, c in zip(st["caches"], pre, strict=True):
-        kv[:blocks].copy_(c)
-        kv[blocks:].fill_(st["nan_code"])
-    x = case["x"].to(dev)
-    positions = case["positions"].to(dev)
-    slots = case["slots"].to(dev)
-    seq_lens = case["seq_lens"].to(dev)
-    base = case["bt_base"].to(dev)
-    bt = base.as_strided(case["bt_shape"], case["bt_stride"], case["bt_offset"])
-    n = x.shape[0]
-    out = torch.full((n, x.shape[1]), float("nan"), dtype=torch.bfloat16, device=dev)
-    if msg.get("set_step") is not None:
-        runner.step.fill_(int(msg["set_step"]))
-    if msg.get("reset_health"):
-        runner.health.zero_()
-    context = AttentionContext(block_table=bt, seq_lens=seq_lens, slots=slots)
+    step = stage_step(runner, st["caches"], st["nan_code"], case, pre, st["device"], msg)
     replays = int(msg.get("replays", 0))
-    result: dict[str, Any] = {
-        "rank": ctx.rank,
-        "chunks": runner.chunks(n // runner.layout.serving.qpr),
-    }
+    result: dict[str, Any] = {"rank": ctx.rank}
     torch.cuda.synchronize()
     dist.barrier(group=ctx.group)
     t0 = time.perf_counter()
     if msg.get("launch", True):
-        runner.forward(positions, x, context, out=out)
+        step.run()
         if replays:
             torch.cuda.synchronize()
             result["health_before_replay"] = runner.health.cpu().tolist()
-            result["out_before_replay"] = out.cpu()
+            result["out_before_replay"] = step.out.cpu()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                runner.forward(positions, x, context, out=out)
+                step.run()
             dist.barrier(group=ctx.group)  # every rank captured before any replays
             for _ in range(replays):
                 graph.replay()
         torch.cuda.synchronize()
     result["seconds"] = time.perf_counter() - t0
-    result["out"] = out.cpu()
-    result["caches"] = [kv[:blocks].cpu() for kv in st["caches"]]
-    result["outside_bad"] = sum(int((kv[blocks:] != st["nan_code"]).sum()) for kv in st["caches"])
-    result["health"] = runner.health.cpu().tolist()
-    result["step"] = int(runner.step.item())
-    return result
+    return {**result, **step.result(st["caches"], st["nan_code"])}
+
+
+@dataclass
+class StagedStep:
+    """One rank's step, staged: the runner, its inputs on the device, the poisoned output."""
+
+    runner: Any
+    x: torch.Tensor
+    positions: torch.Tensor
+    context: Any
+    out: torch.Tensor
+    blocks: int
+
+    def run(self) -> None:
+        self.runner.forward(self.positions, self.x, self.context, out=self.out)
+
+    def result(self, caches: list[torch.Tensor], nan_code: int) -> dict[str, Any]:
+        """What the parent judges (``mono_aot.selftest.cases.judge``), on the CPU."""
+        b = self.blocks
+        return {
+            "chunks": self.runner.chunks(self.x.shape[0] // self.runner.layout.serving.qpr),
+            "out": self.out.cpu(),
+            "caches": [kv[:b].cpu() for kv in caches],
+            "outside_bad": sum(int((kv[b:] != nan_code).sum()) for kv in caches),
+            "health": self.runner.health.cpu().tolist(),
+            "step": int(self.runner.step.item()),
+        }
+
+
+def stage_step(
+    runner: Any,
+    caches: list[torch.Tensor],
+    nan_code: int,
+    case: dict[str, Any],
+    pre: list[torch.Tensor],
+    dev: torch.device,
+    msg: dict[str, Any],
+) -> StagedStep:
+    """The case's caches into the model's (NaN codes past them), its inputs onto ``dev``, a
+    NaN-poisoned output, and the host-side resets ``msg`` asks for (``set_step``,
+    ``reset_health``). Shared by the GPU ranks and the emulated ones
+    (``mono_aot.selftest.emulated``)."""
+    import torch
+
+    from mono_aot.runtime.runner import AttentionContext
+
+    blocks = pre[0].shape[0]
+    for kv, c in zip(caches, pre, strict=True):
+        kv[:blocks].copy_(c)
+        kv[blocks:].fill_(nan_code)
+    x = case["x"].to(dev)
+    base = case["bt_base"].to(dev)
+    bt = base.as_strided(case["bt_shape"], case["bt_stride"], case["bt_offset"])
+    context = AttentionContext(
+        block_table=bt, seq_lens=case["seq_lens"].to(dev), slots=case["slots"].to(dev)
+    )
+    out = torch.full(tuple(x.shape), float("nan"), dtype=torch.bfloat16, device=dev)
+    if msg.get("set_step") is not None:
+        runner.step.fill_(int(msg["set_step"]))
+    if msg.get("reset_health"):
+        runner.health.zero_()
+    return StagedStep(runner, x, case["positions"].to(dev), context, out, blocks)
 
 
 def close_rank(ctx: RankContext, _: Any) -> None:

@@ -1,0 +1,97 @@
+"""``mono-aot emulate``: run the stored code objects of a layout on emulated devices.
+
+The selftest's checks (``mono_aot.selftest.emulated``) on ``tp`` devices of the functional
+emulator (``mono_aot.emulator``), with no GPU: the shipped bytes, bound by the runtime's own
+runner. A pass says the instructions compute what the float64 reference does under the
+emulator's model (README, "Emulator"), not that the hardware does.
+
+Exit codes: 0 every check passed; 1 a check failed (or the emulator stopped a launch on a fault
+it detected); 2 bad input (an unknown layout, an arch the layout does not target, a layout too
+large to emulate, the ``emulate`` extra missing).
+"""
+
+from __future__ import annotations
+
+import click
+
+from mono_aot.cli._common import emit_json, json_option, require_module
+from mono_aot.spec.errors import EXIT_FAILED, EXIT_OK, BadInput
+
+CHECK_NAMES = ("narrow", "wide", "multi-launch", "dead-rank")
+
+
+@click.command(epilog="Exit codes: 0 all checks passed, 1 a check failed, 2 bad input.")
+@click.option(
+    "--layout",
+    "layout_name",
+    metavar="NAME|PATH",
+    default="emulator-tiny-tp4",
+    show_default=True,
+    help="Shipped layout name or spec path.",
+)
+@click.option("--arch", metavar="A", help="Emulated arch (default: the layout's first target).")
+@click.option(
+    "--check",
+    "checks",
+    multiple=True,
+    type=click.Choice(CHECK_NAMES),
+    help="Run only these checks (repeatable; default: all).",
+)
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Seed of the problems and of the scheduler.",
+)
+@click.option(
+    "--shuffle",
+    is_flag=True,
+    help="Randomise the interleaving of waves (by --seed) instead of the fixed round order.",
+)
+@json_option
+def emulate(
+    layout_name: str,
+    arch: str | None,
+    checks: tuple[str, ...],
+    seed: int,
+    shuffle: bool,
+    as_json: bool,
+) -> None:
+    """Run a layout's kernels on emulated devices and print a verdict per check."""
+    require_module("numpy", "mono-aot emulate", "emulate")
+    from mono_aot.selftest.emulated import CHECKS, run_emulation
+    from mono_aot.spec.layouts import resolve_layout
+
+    assert CHECKS == CHECK_NAMES  # one list; the CLI names it before importing torch
+    layout = resolve_layout(layout_name)
+    arch = arch or layout.archs[0]
+    if arch not in layout.targets:
+        raise BadInput(
+            f"layout {layout.name} targets {', '.join(layout.archs)}", field="arch", value=arch
+        )
+    log = (lambda s: None) if as_json else (lambda s: click.echo(s, err=True))
+    results, totals = run_emulation(
+        layout, arch, checks or CHECKS, seed=seed, shuffle=shuffle, log=log
+    )
+    ok = all(r.ok for r in results)
+    if as_json:
+        emit_json(
+            {
+                "layout": layout.name,
+                "arch": arch,
+                "ok": ok,
+                "checks": [r.as_json() for r in results],
+                "instructions": totals.instructions,
+                "instructions_per_second": round(totals.per_second),
+                "virtual_seconds": totals.virtual_seconds,
+            }
+        )
+    else:
+        for r in results:
+            click.echo(f"{'PASS' if r.ok else 'FAIL'} {r.name}: {r.detail} ({r.seconds:.0f} s)")
+        click.echo(
+            f"emulate {'passed' if ok else 'FAILED'} ({layout.name}, {arch}): "
+            f"{totals.instructions:,} wave-instructions, {totals.per_second:,.0f}/s"
+        )
+    click.get_current_context().exit(EXIT_OK if ok else EXIT_FAILED)
