@@ -85,7 +85,11 @@ _SIGNATURES: dict[str, tuple[object, ...]] = {
 # Entry points only the GPU selftest uses (its late-dispatch check): bound on first use, so a
 # library without them still serves the runtime; using one it lacks is ``MonoUnsupported``.
 _OPTIONAL_SIGNATURES: dict[str, tuple[object, ...]] = {
-    "hipExtStreamCreateWithCUMask": (ctypes.POINTER(_vp), ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint32)),
+    "hipExtStreamCreateWithCUMask": (
+        ctypes.POINTER(_vp),
+        ctypes.c_uint32,
+        ctypes.POINTER(ctypes.c_uint32),
+    ),
     "hipStreamDestroy": (_vp,),
 }
 

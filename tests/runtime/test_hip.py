@@ -133,5 +133,7 @@ def test_a_library_without_the_cu_mask_entry_point_still_serves(hip_env):
     stripped = object.__new__(hipmod.Hip)
     stripped.path, stripped.lib = "libstripped.so", Without()
     assert stripped.stream_query(0) is True  # the runtime's own calls still work
-    with pytest.raises(MonoUnsupported, match="libstripped.so lacks .*hipExtStreamCreateWithCUMask"):
+    with pytest.raises(
+        MonoUnsupported, match="libstripped.so lacks .*hipExtStreamCreateWithCUMask"
+    ):
         stripped.stream_create_with_cu_mask([1])
