@@ -184,12 +184,14 @@ def test_realign_verdict_fails_a_next_step_that_did_not_meet_and_names_the_step_
     dead = _dead()
     after = _after(ref, dead)
     after = [dict(a, out=torch.full_like(a["out"], float("nan"))) for a in after]
-    after[3]["health"] = [abi.STATUS_PEER_TIMEOUT, 16 + abi.PH_AR_ATTN, 0, 7]
+    # rank 3 (epoch of step 7) finds the survivors' dead-step flags for layer 0's attention
+    # all-reduce matching its tag, reads those stale partials, and times out at the MLP one
+    after[3]["health"] = [abi.STATUS_PEER_TIMEOUT, abi.PH_AR_MLP, 0, 7]
     res = _realign(prob, ref, dead, after)
     assert not res["ok"]
     first, second = res["problems"]
     assert first.startswith("the next step (no host reset) failed: rel err inf")
-    assert "rank 3: timed out waiting for a peer rank's all-reduce partial (layer 1" in first
+    assert "rank 3: timed out waiting for a peer rank's all-reduce partial (layer 0, MLP" in first
     assert second.startswith("the ranks began the next step with step counters rank 0: 8, ")
     assert "rank 3: 7" in second and f"step * {abi.EPOCH_SEQS} + launch number" in second
 
