@@ -113,6 +113,82 @@ def init_rank(ctx: RankContext, msg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def run_step(ctx: RankContext, msg: dict[str, Any]) -> dict[str, Any]:
+    """One step on this rank: the case's caches into the model's, a NaN-poisoned output,
+    ``runner.forward`` right after a gloo barrier (all ranks launch within milliseconds, far
+    inside the wait bound), optionally captured in a graph and replayed; the results back.
+
+    ``msg``: ``case`` (the step's inputs file), ``caches`` (this rank's pre-step caches file),
+    ``runner`` (``normal`` or ``short``), ``launch`` (False: this rank plays dead),
+    ``set_step`` / ``reset_health`` (host-side resets), ``replays``.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from mono_aot.runtime.runner import AttentionContext
+
+    st = ctx.state
+    runner = st["runners"][msg.get("runner", "normal")]
+    dev = st["device"]
+    case = torch.load(msg["case"], weights_only=True)
+    pre = torch.load(msg["caches"], weights_only=True)
+    blocks = pre[0].shape[0]
+    for kv, c in zip(st["caches"], pre, strict=True):
+        kv[:blocks].copy_(c)
+        kv[blocks:].fill_(st["nan_code"])
+    x = case["x"].to(dev)
+    positions = case["positions"].to(dev)
+    slots = case["slots"].to(dev)
+    seq_lens = case["seq_lens"].to(dev)
+    base = case["bt_base"].to(dev)
+    bt = base.as_strided(case["bt_shape"], case["bt_stride"], case["bt_offset"])
+    n = x.shape[0]
+    out = torch.full((n, x.shape[1]), float("nan"), dtype=torch.bfloat16, device=dev)
+    if msg.get("set_step") is not None:
+        runner.step.fill_(int(msg["set_step"]))
+    if msg.get("reset_health"):
+        runner.health.zero_()
+    context = AttentionContext(block_table=bt, seq_lens=seq_lens, slots=slots)
+    replays = int(msg.get("replays", 0))
+    result: dict[str, Any] = {
+        "rank": ctx.rank,
+        "chunks": runner.chunks(n // runner.layout.serving.qpr),
+    }
+    torch.cuda.synchronize()
+    dist.barrier(group=ctx.group)
+    t0 = time.perf_counter()
+    if msg.get("launch", True):
+        runner.forward(positions, x, context, out=out)
+        if replays:
+            torch.cuda.synchronize()
+            result["health_before_replay"] = runner.health.cpu().tolist()
+            result["out_before_replay"] = out.cpu()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                runner.forward(positions, x, context, out=out)
+            dist.barrier(group=ctx.group)  # every rank captured before any replays
+            for _ in range(replays):
+                graph.replay()
+        torch.cuda.synchronize()
+    result["seconds"] = time.perf_counter() - t0
+    result["out"] = out.cpu()
+    result["caches"] = [kv[:blocks].cpu() for kv in st["caches"]]
+    result["outside_bad"] = sum(int((kv[blocks:] != st["nan_code"]).sum()) for kv in st["caches"])
+    result["health"] = runner.health.cpu().tolist()
+    result["step"] = int(runner.step.item())
+    return result
+
+
+def close_rank(ctx: RankContext, _: Any) -> None:
+    """Release the peer buffers (collective-free) before the process leaves."""
+    for r in ctx.state.get("runners", {}).values():
+        r.close()
+    ctx.state.clear()
+
+
+# ---------------------------------------------------------------- the late-dispatch check
+
+
 def _load_step(ctx: RankContext, msg: dict[str, Any]) -> dict[str, Any]:
     """The case's inputs on this rank's GPU, its pre-step caches copied into the model's (every
     block past the problem's NaN codes) and a NaN-poisoned ``out``."""
@@ -164,52 +240,6 @@ def runner_state(ctx: RankContext, msg: dict[str, Any]) -> dict[str, Any]:
         "step": int(runner.step.item()),
         "health": runner.health.cpu().tolist(),
     }
-
-
-def run_step(ctx: RankContext, msg: dict[str, Any]) -> dict[str, Any]:
-    """One step on this rank: the case's caches into the model's, a NaN-poisoned output,
-    ``runner.forward`` right after a gloo barrier (all ranks launch within milliseconds, far
-    inside the wait bound), optionally captured in a graph and replayed; the results back.
-
-    ``msg``: ``case`` (the step's inputs file), ``caches`` (this rank's pre-step caches file),
-    ``runner`` (``normal`` or ``short``), ``launch`` (False: this rank plays dead),
-    ``set_step`` / ``reset_health`` (host-side resets before the step), ``replays``.
-    """
-    import torch
-    import torch.distributed as dist
-
-    runner = ctx.state["runners"][msg.get("runner", "normal")]
-    c = _load_step(ctx, msg)
-    x, positions, context, out = c["x"], c["positions"], c["context"], c["out"]
-    n = x.shape[0]
-    if msg.get("set_step") is not None:
-        runner.step.fill_(int(msg["set_step"]))
-    if msg.get("reset_health"):
-        runner.health.zero_()
-    replays = int(msg.get("replays", 0))
-    result: dict[str, Any] = {
-        "rank": ctx.rank,
-        "chunks": runner.chunks(n // runner.layout.serving.qpr),
-    }
-    torch.cuda.synchronize()
-    dist.barrier(group=ctx.group)
-    t0 = time.perf_counter()
-    if msg.get("launch", True):
-        runner.forward(positions, x, context, out=out)
-        if replays:
-            torch.cuda.synchronize()
-            result["health_before_replay"] = runner.health.cpu().tolist()
-            result["out_before_replay"] = out.cpu()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                runner.forward(positions, x, context, out=out)
-            dist.barrier(group=ctx.group)  # every rank captured before any replays
-            for _ in range(replays):
-                graph.replay()
-        torch.cuda.synchronize()
-    result["seconds"] = time.perf_counter() - t0
-    result.update(_results(ctx, runner, out, c["blocks"]))
-    return result
 
 
 def run_late_dispatch(ctx: RankContext, msg: dict[str, Any]) -> dict[str, Any]:
@@ -277,10 +307,3 @@ def run_late_dispatch(ctx: RankContext, msg: dict[str, Any]) -> dict[str, Any]:
     result = {"rank": ctx.rank, "first": first, "seconds": time.perf_counter() - t0}
     result.update(_results(ctx, runner, out, c["blocks"]))
     return result
-
-
-def close_rank(ctx: RankContext, _: Any) -> None:
-    """Release the peer buffers (collective-free) before the process leaves."""
-    for r in ctx.state.get("runners", {}).values():
-        r.close()
-    ctx.state.clear()
