@@ -453,3 +453,46 @@ hipError_t hipIpcCloseMemHandle(void *p) {
 }
 
 hipError_t hipDeviceSynchronize(void) { return hipSuccess; }
+
+/* ---- streams with a CU mask (the GPU selftest's late-dispatch check) ---- */
+
+#define MAX_STREAMS 16
+
+static int stream_live[MAX_STREAMS];
+
+/* Handles are small fake addresses, never 0 (the null stream). */
+#define STREAM_BASE 0x5000
+
+hipError_t hipExtStreamCreateWithCUMask(void **stream, uint32_t count, const uint32_t *mask) {
+    FAIL_IF_ASKED("hipExtStreamCreateWithCUMask", hipErrorInvalidValue);
+    if (!stream || !mask || count == 0 || count > 64) return hipErrorInvalidValue;
+    int any = 0;
+    char words[64 * 12 + 1];
+    int n = 0;
+    for (uint32_t i = 0; i < count; i++) {
+        any |= mask[i] != 0;
+        n += snprintf(words + n, sizeof words - n, "%s%u", i ? ", " : "", mask[i]);
+    }
+    if (!any) return hipErrorInvalidValue; /* a queue with no CU would never run anything */
+    for (int s = 0; s < MAX_STREAMS; s++) {
+        if (!stream_live[s]) {
+            stream_live[s] = 1;
+            *stream = (void *)(uintptr_t)(STREAM_BASE + s);
+            record("\"call\": \"hipExtStreamCreateWithCUMask\", \"mask\": [%s], \"stream\": %d, "
+                   "\"device\": %d",
+                   words, STREAM_BASE + s, device_now());
+            return hipSuccess;
+        }
+    }
+    return hipErrorOutOfMemory;
+}
+
+hipError_t hipStreamDestroy(void *stream) {
+    FAIL_IF_ASKED("hipStreamDestroy", hipErrorInvalidHandle);
+    uintptr_t s = (uintptr_t)stream;
+    if (s < STREAM_BASE || s >= STREAM_BASE + MAX_STREAMS || !stream_live[s - STREAM_BASE])
+        return hipErrorInvalidHandle;
+    stream_live[s - STREAM_BASE] = 0;
+    record("\"call\": \"hipStreamDestroy\", \"stream\": %llu", (unsigned long long)s);
+    return hipSuccess;
+}

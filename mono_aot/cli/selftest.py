@@ -35,7 +35,13 @@ def _default_layout() -> str:
     "checks",
     multiple=True,
     type=click.Choice(CHECKS),
-    help="Run only these checks (repeatable; default: all).",
+    help="Run only these checks (repeatable; default: all). narrow, wide: every request count "
+    "of one launch; multi-launch: steps of several launches; dead-rank: a rank that never "
+    "launches is recorded by its peers, then a step passes after a host re-align; "
+    "dead-rank-realign: the same, then the next step must pass with no host reset of step or "
+    "health; late-dispatch: a launch whose workgroups wait past the bound for CUs (a CU-masked "
+    "stream) records a timeout, the next launch on the same scratch passes; graph-replay: a "
+    "captured step replayed with no host reset.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random problems.")
 @click.option(
@@ -49,7 +55,10 @@ def _default_layout() -> str:
 def selftest(
     layout_name: str | None, checks: tuple[str, ...], seed: int, replays: int, as_json: bool
 ) -> None:
-    """Run the kernels on this machine's GPUs and print a verdict per check."""
+    """Run the kernels on this machine's GPUs and print a verdict per check.
+
+    Four rank processes, one GPU each, run the stored kernels through the serving runtime
+    and compare every step with the float64 reference."""
     layout = resolve_layout(layout_name or _default_layout())
     log = (lambda s: None) if as_json else (lambda s: click.echo(s, err=True))
     results = run_selftest(layout, checks or CHECKS, seed=seed, replays=replays, log=log)

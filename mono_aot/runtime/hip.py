@@ -82,6 +82,17 @@ _SIGNATURES: dict[str, tuple[object, ...]] = {
     "hipIpcCloseMemHandle": (_vp,),
 }
 
+# Entry points only the GPU selftest uses (its late-dispatch check): bound on first use, so a
+# library without them still serves the runtime; using one it lacks is ``MonoUnsupported``.
+_OPTIONAL_SIGNATURES: dict[str, tuple[object, ...]] = {
+    "hipExtStreamCreateWithCUMask": (
+        ctypes.POINTER(_vp),
+        ctypes.c_uint32,
+        ctypes.POINTER(ctypes.c_uint32),
+    ),
+    "hipStreamDestroy": (_vp,),
+}
+
 
 def mapped_hip_libraries(maps: str = "/proc/self/maps") -> list[str]:
     """Paths of every ``libamdhip64`` mapped into this process, in first-seen order."""
@@ -149,7 +160,17 @@ class Hip:
         if missing:
             raise MonoUnsupported(f"{path} lacks HIP entry points: {', '.join(missing)}")
 
+    def _optional(self, name: str) -> None:
+        """Bind an entry point of ``_OPTIONAL_SIGNATURES`` or say that this library lacks it."""
+        fn = getattr(self.lib, name, None)
+        if fn is None:
+            raise MonoUnsupported(f"{self.path} lacks the HIP entry point {name}")
+        fn.argtypes = list(_OPTIONAL_SIGNATURES[name])
+        fn.restype = ctypes.c_int
+
     def _call(self, name: str, *args: object, what: str = "", ok: Sequence[int] = ()) -> int:
+        if name in _OPTIONAL_SIGNATURES:
+            self._optional(name)
         rc = int(getattr(self.lib, name)(*args))
         if rc != HIP_SUCCESS and rc not in ok:
             err_name = (self.lib.hipGetErrorName(rc) or b"?").decode(errors="replace")
@@ -204,6 +225,28 @@ class Hip:
             ok=(HIP_ERROR_NOT_READY,),
         )
         return rc == HIP_SUCCESS
+
+    def stream_create_with_cu_mask(self, mask: Sequence[int]) -> int:
+        """A new stream whose kernels run only on the CUs whose bits are set in ``mask``
+        (``uint32`` words, bit ``i`` of word ``w`` is CU ``32 * w + i`` in HIP's numbering);
+        ``stream_destroy`` releases it. The GPU selftest uses it to make a launch's workgroups
+        wait for CUs (``mono_aot.selftest``, late-dispatch)."""
+        words = [int(w) for w in mask]
+        if not words or not any(words) or any(not 0 <= w < 1 << 32 for w in words):
+            raise ValueError(f"a CU mask is non-empty uint32 words with a bit set, got {words}")
+        s = ctypes.c_void_p()
+        arr = (ctypes.c_uint32 * len(words))(*words)
+        self._call(
+            "hipExtStreamCreateWithCUMask",
+            ctypes.byref(s),
+            len(words),
+            arr,
+            what=f"CU mask {' '.join(f'{w:08x}' for w in words)}",
+        )
+        return int(s.value or 0)
+
+    def stream_destroy(self, stream: int) -> None:
+        self._call("hipStreamDestroy", ctypes.c_void_p(stream), what=f"stream {stream:#x}")
 
     # --- modules ---------------------------------------------------------------------------
 

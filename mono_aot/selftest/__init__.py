@@ -22,7 +22,20 @@ The checks (each prints one verdict):
   step), judged the same way as a whole.
 - ``dead-rank``: the last rank never launches; the others must finish (a layout with a short
   wait bound: its own kernels) with a peer timeout in layer 0 recorded against that rank in
-  ``health``; then a full step on the same peer buffers must pass again.
+  ``health``; then a full step on the same peer buffers must pass again (the host sets every
+  rank's step counter to one value and clears health before it).
+- ``dead-rank-realign``: the last rank skips a step (the others must record the peer timeout
+  naming it, as above), then the next step runs on every rank with no host reset of ``step``
+  or ``health`` and must pass against the reference (``cases.realign_verdict``): the promise
+  that a rank that missed a step is back in line at the next one. A rank that never called
+  ``forward`` did not advance its step counter, from which the kernels derive their all-reduce
+  tags; when the check fails, its detail gives every rank's step counter.
+- ``late-dispatch``: per variant, one launch on a stream whose CU mask enables at most a
+  quarter of the CUs (``cases.late_mask``), so most workgroups are dispatched only after the
+  first ones gave up at the first grid barrier, past the wait bound; it must record a grid
+  barrier timeout (embed phase) and write no output or cache byte. Then, health read and
+  cleared, the next launch on the same scratch with every CU must pass against the reference
+  (``cases.late_verdict``).
 - ``graph-replay``: one step captured as a graph on every rank and replayed ``replays`` times
   with no host reset; health stays 0 and output and caches still match the reference.
 
@@ -58,9 +71,19 @@ if TYPE_CHECKING:
     from mono_aot.selftest.cluster import Cluster
     from mono_aot.spec.layouts import Layout, Variant
 
-CHECKS: tuple[str, ...] = ("narrow", "wide", "multi-launch", "dead-rank", "graph-replay")
+CHECKS: tuple[str, ...] = (
+    "narrow",
+    "wide",
+    "multi-launch",
+    "dead-rank",
+    "dead-rank-realign",
+    "late-dispatch",
+    "graph-replay",
+)
+SHORT_WAIT_CHECKS = ("dead-rank", "dead-rank-realign", "late-dispatch")  # the 0.5 s kernels
 DEFAULT_REPLAYS = 100
-DEAD_RANK_WAIT_S = 0.5  # the wait bound of the dead-rank kernels (seconds)
+DEAD_RANK_WAIT_S = 0.5  # the wait bound of the short-wait kernels (seconds)
+GIVE_UP_S = 10 * DEAD_RANK_WAIT_S + 20  # the most a failing short-wait step may take
 INIT_TIMEOUT_S = 900.0  # weights onto the GPU, kernels loaded, peer buffers mapped
 STEP_TIMEOUT_S = 600.0  # one step, results read back
 
@@ -69,6 +92,7 @@ __all__ = [
     "CONTEXTS",
     "DEAD_RANK_WAIT_S",
     "DEFAULT_REPLAYS",
+    "SHORT_WAIT_CHECKS",
     "TOLERANCE",
     "CheckResult",
     "NoDevice",
@@ -167,7 +191,8 @@ class Session:
     a ``DrafterRunner`` over the model), and the steps run on them and judged.
 
     ``max_requests``: the largest step any case will run (sizes the KV caches); ``dead_rank``:
-    also build a runner over the short-wait layout (``runner="short"`` in ``step``).
+    also build a runner over the short-wait layout (``runner="short"`` in ``step``; the
+    dead-rank, dead-rank-realign and late-dispatch checks).
     """
 
     def __init__(
@@ -454,6 +479,100 @@ def _dead_rank_check(s: Session) -> CheckResult:
     return CheckResult("dead-rank", not problems, detail, time.perf_counter() - t0, [res])
 
 
+def _fresh_step(s: Session, runner: str) -> int:
+    """A step counter value no launch of ``runner`` used yet on any rank."""
+    from mono_aot.selftest.rank import runner_state
+
+    assert s.cluster is not None
+    tp = s.layout.parallel.tp
+    states = s.cluster.run(runner_state, [{"runner": runner}] * tp, timeout=STEP_TIMEOUT_S)
+    return max(int(a["step"]) for a in states) + 1
+
+
+def _dead_rank_realign_check(s: Session) -> CheckResult:
+    """The last rank skips a step; the next step runs on every rank with no host reset of
+    ``step`` or ``health`` (``cases.realign_verdict``): the README's "a rank that missed a step
+    is back in line at the next one". Setup only, before the dead step: every rank's step
+    counter is set to one no launch used yet and health cleared, so the ranks start in line."""
+    from mono_aot.selftest.cases import realign_verdict
+
+    t0 = time.perf_counter()
+    lay = s.layout
+    tp = lay.parallel.tp
+    dead = tp - 1
+    start = _fresh_step(s, "short")
+    prob = s.problem(request_specs(lay, 1, salt=5))
+    launch = [r != dead for r in range(tp)]
+    answers = s.step(prob, launch=launch, runner="short", set_step=start, reset_health=True)
+    prob2 = s.problem(request_specs(lay, 1, salt=6))
+    answers2 = s.step(prob2, runner="short")  # no set_step, no reset_health
+    res = realign_verdict(
+        lay, s.arch, prob2, s.reference(prob2), answers, answers2,
+        dead_rank=dead, start_step=start, give_up_s=GIVE_UP_S,
+    )  # fmt: skip
+    if res["ok"]:
+        detail = (
+            f"rank {dead} skipped step {start}; ranks 0..{tp - 2} recorded "
+            f"'{abi.describe_health(answers[0]['health'])}'; the next step with no host reset: "
+            f"rel err {res['max_rel_error']:.2e}, K/V bad bytes {res['kv_bad_bytes']}, step "
+            f"counters {res['steps_after_next']}"
+        )
+    else:
+        detail = "; ".join(res["problems"])
+    return CheckResult("dead-rank-realign", res["ok"], detail, time.perf_counter() - t0, [res])
+
+
+def _late_dispatch_check(s: Session) -> CheckResult:
+    """Per variant: a launch whose workgroups are dispatched past the wait bound (a CU-masked
+    stream, ``rank.run_late_dispatch``) must fail with a recorded grid-barrier timeout, and the
+    next launch on the same scratch must pass (``cases.late_verdict``)."""
+    from mono_aot.selftest.cases import late_verdict
+    from mono_aot.selftest.rank import run_late_dispatch
+
+    t0 = time.perf_counter()
+    lay = s.layout
+    assert s.cluster is not None
+    out = []
+    for variant in lay.variants():
+        count = lay.variant_reqs(variant)[0]
+        prob = s.problem(request_specs(lay, count, salt=7))
+        common, caches = s.save_case(prob)
+        start = _fresh_step(s, "short")
+        msgs = [
+            {
+                "case": str(common), "caches": str(caches[r]), "runner": "short",
+                "set_step": start,
+            }
+            for r in range(lay.parallel.tp)
+        ]  # fmt: skip
+        answers = s.cluster.run(run_late_dispatch, msgs, timeout=STEP_TIMEOUT_S)
+        res = late_verdict(
+            lay, s.arch, prob, s.reference(prob), answers,
+            wait_s=DEAD_RANK_WAIT_S, give_up_s=GIVE_UP_S,
+        )  # fmt: skip
+        res["variant"] = variant
+        s.log(
+            f"  late-dispatch {variant} {count} request(s): first launch "
+            f"{res['first_health'][0]} after {max(res['first_seconds']):.2f} s on "
+            f"{min(res['mask_cus'])} CUs; second: rel err {res['max_rel_error']:.2e}"
+            + ("" if res["ok"] else " FAIL")
+        )
+        out.append(res)
+    ok = all(r["ok"] for r in out)
+    detail = "; ".join(
+        f"{r['variant']}: "
+        + (
+            f"late launch on {min(r['mask_cus'])} CUs recorded '{r['first_health'][0]}' after "
+            f"{max(r['first_seconds']):.2f} s, the next launch: rel err "
+            f"{r['max_rel_error']:.2e}, K/V bad bytes {r['kv_bad_bytes']}"
+            if r["ok"]
+            else "; ".join(r["problems"])
+        )
+        for r in out
+    )
+    return CheckResult("late-dispatch", ok, detail, time.perf_counter() - t0, out)
+
+
 def _graph_check(s: Session, replays: int) -> CheckResult:
     from mono_aot.reference.step import norm_rel_error
 
@@ -505,7 +624,7 @@ def run_selftest(
             devices,
             seed=seed,
             max_requests=biggest,
-            dead_rank="dead-rank" in wanted,
+            dead_rank=any(c in SHORT_WAIT_CHECKS for c in wanted),
             log=log,
         ) as s:
             for c in wanted:
@@ -516,6 +635,10 @@ def run_selftest(
                     results.append(_multi_launch_check(s))
                 elif c == "dead-rank":
                     results.append(_dead_rank_check(s))
+                elif c == "dead-rank-realign":
+                    results.append(_dead_rank_realign_check(s))
+                elif c == "late-dispatch":
+                    results.append(_late_dispatch_check(s))
                 else:
                     results.append(_graph_check(s, replays))
     except ClusterError as e:

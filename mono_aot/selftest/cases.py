@@ -11,7 +11,7 @@ it at once.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -131,6 +131,7 @@ def judge(
     ref: Reference,
     answers: Sequence[dict[str, Any]],
     ranks: Sequence[int] | None = None,
+    prior_health: Mapping[int, Sequence[int]] | None = None,
 ) -> dict[str, Any]:
     """The verdict on the ranks' answers to one step.
 
@@ -140,12 +141,18 @@ def judge(
     Passes when on every rank ``||out - ref64|| / ||ref64|| <= TOLERANCE``, every cache byte
     equals the kernel-numerics reference's (a written code may differ only near an fp8
     rounding boundary), no byte outside changed, and health is OK.
+
+    ``prior_health``: by rank, the health words an earlier launch recorded and nobody cleared
+    (the runner never clears them, and the kernels keep the first failure): on such a rank
+    health passes when it still holds exactly those words; the output and caches decide.
     """
     n = prob.inputs.x.shape[0]
     slots = prob.inputs.slots[:n]
     errs: list[float] = []
     bad = tol = 0
     health: list[list[int]] = []
+    health_ok: list[bool] = []
+    kept: list[bool] = []
     for a in answers:
         r = a["rank"]
         if ranks is not None and r not in ranks:
@@ -156,14 +163,14 @@ def judge(
         )
         bad += b + int(a.get("outside_bad", 0))
         tol += t
-        health.append([int(w) for w in a["health"]])
+        h = [int(w) for w in a["health"]]
+        prior = [int(w) for w in prior_health[r]] if prior_health and r in prior_health else None
+        health.append(h)
+        kept.append(prior is not None and prior[abi.H_STATUS] != abi.STATUS_OK and h == prior)
+        health_ok.append(h[abi.H_STATUS] == abi.STATUS_OK or kept[-1])
     if not errs:
         raise ValueError("no answer to judge")
-    ok = (
-        all(e <= TOLERANCE for e in errs)
-        and bad == 0
-        and all(h[abi.H_STATUS] == abi.STATUS_OK for h in health)
-    )
+    ok = all(e <= TOLERANCE for e in errs) and bad == 0 and all(health_ok)
     reqs = len(prob.requests)
     return {
         "requests": reqs,
@@ -173,5 +180,160 @@ def judge(
         "max_rel_error": max(errs),
         "kv_bad_bytes": bad,
         "kv_near_boundary": tol,
-        "health": [abi.describe_health(h) for h in health],
+        "health": [
+            abi.describe_health(h) + (" (kept from an earlier launch)" if k else "")
+            for h, k in zip(health, kept, strict=True)
+        ],
     }
+
+
+# ---------------------------------------------------------------- dead rank, no host re-align
+
+
+def realign_verdict(
+    layout: Layout,
+    arch: str,
+    prob: Problem,
+    ref: Reference,
+    dead: Sequence[dict[str, Any]],
+    after: Sequence[dict[str, Any]],
+    *,
+    dead_rank: int,
+    start_step: int,
+    give_up_s: float,
+) -> dict[str, Any]:
+    """The dead-rank-realign check: ``dead`` are the answers to a step every rank began at
+    ``start_step`` with health 0, in which ``dead_rank`` never launched; ``after`` are the
+    answers to the next step on every rank with no host reset of ``step`` or ``health``, judged
+    against ``prob``'s reference.
+
+    Passes when every other rank gave up within ``give_up_s`` with a peer timeout in layer 0's
+    attention all-reduce naming ``dead_rank`` at ``start_step``, the dead rank's health stayed 0,
+    and the next step matches the reference on every rank, each rank's health being 0 or still
+    the failure the dead step recorded (the kernels keep the first failure; nobody clears it).
+    """
+    problems: list[str] = []
+    want = [abi.STATUS_PEER_TIMEOUT, abi.PH_AR_ATTN, dead_rank, start_step]
+    prior: dict[int, list[int]] = {}
+    for a in dead:
+        r, h = a["rank"], [int(w) for w in a["health"]]
+        prior[r] = h
+        if r == dead_rank:
+            if h[abi.H_STATUS] != abi.STATUS_OK:
+                problems.append(f"rank {r} never launched yet has health {abi.describe_health(h)}")
+            continue
+        if h != want:
+            problems.append(
+                f"rank {r}: the dead step recorded '{abi.describe_health(h)}', expected "
+                f"'{abi.describe_health(want)}'"
+            )
+        if a["seconds"] > give_up_s:
+            problems.append(f"rank {r} took {a['seconds']:.1f} s to give up (bound {give_up_s} s)")
+    res = judge(layout, arch, prob, ref, after, prior_health=prior)
+    steps_dead = {a["rank"]: int(a["step"]) for a in dead}
+    steps_after = {a["rank"]: int(a["step"]) for a in after}
+    if not res["ok"]:
+        problems.append(
+            f"the next step (no host reset) failed: rel err {res['max_rel_error']:.2e}, K/V bad "
+            f"bytes {res['kv_bad_bytes']}, health "
+            + "; ".join(f"rank {a['rank']}: {h}" for a, h in zip(after, res["health"], strict=True))
+        )
+        if len(set(steps_dead.values())) > 1:
+            problems.append(
+                "the ranks began the next step with step counters "
+                + ", ".join(f"rank {r}: {s}" for r, s in sorted(steps_dead.items()))
+                + f" (the all-reduce tags derive from it: epoch = step * {abi.EPOCH_SEQS} + "
+                "launch number), and nothing re-aligned them"
+            )
+    res.update(
+        ok=not problems,
+        problems=problems,
+        steps_after_dead=steps_dead,
+        steps_after_next=steps_after,
+    )
+    return res
+
+
+# ---------------------------------------------------------------- late dispatch
+
+# Each XCD of the device (8 on MI300X/MI355X, 6 on MI300A) needs a CU of a masked stream: the
+# driver deals mask bits to the XCDs in turn, and a queue that leaves one without a CU never
+# runs the workgroups dispatched to it.
+LATE_MIN_CUS = 8
+
+
+def late_mask(cus: int, per_cu: int) -> tuple[int, list[int]]:
+    """``(enabled CUs, uint32 words)``: the CU mask of the late-dispatch check's first launch.
+    The lowest ``max(LATE_MIN_CUS, cus // (4 * per_cu))`` CUs, where ``per_cu`` workgroups of the
+    kernel fit on one CU, so at most a quarter of the launch's ``cus`` workgroups are resident
+    at once and the rest are dispatched only after those gave up waiting."""
+    if cus <= 0 or per_cu <= 0:
+        raise ValueError(f"late_mask: {cus} CUs, {per_cu} workgroups per CU")
+    enabled = max(LATE_MIN_CUS, cus // (4 * per_cu))
+    if enabled * per_cu >= cus:
+        raise ValueError(
+            f"late_mask: {cus} CUs with {per_cu} workgroups per CU: {enabled} CUs (at least "
+            f"{LATE_MIN_CUS}) would hold all {cus} workgroups, none would be dispatched late"
+        )
+    words = [(1 << min(32, max(0, enabled - 32 * w))) - 1 for w in range(ceil_div(cus, 32))]
+    return enabled, words
+
+
+def late_verdict(
+    layout: Layout,
+    arch: str,
+    prob: Problem,
+    ref: Reference,
+    answers: Sequence[dict[str, Any]],
+    *,
+    wait_s: float,
+    give_up_s: float,
+) -> dict[str, Any]:
+    """The late-dispatch check: each answer's ``first`` is a launch of ``prob`` on a stream
+    whose CU mask keeps most workgroups waiting for a CU until the others gave up (``health``,
+    ``seconds``, ``step`` at launch, ``out_written``: output elements no longer NaN,
+    ``kv_changed``: cache bytes that differ from before it, ``mask_cus``); the rest of the
+    answer is the second launch of ``prob`` on the same scratch, health cleared in between.
+
+    Passes when on every rank the first launch recorded a grid-barrier timeout in the embed
+    phase at its own step after waiting at least ``wait_s`` and at most ``give_up_s``, wrote
+    no output and no cache byte, and the second passes ``judge`` at the next step.
+    """
+    problems: list[str] = []
+    for a in answers:
+        r, f = a["rank"], a["first"]
+        h = [int(w) for w in f["health"]]
+        want = [abi.STATUS_BARRIER_TIMEOUT, abi.PH_EMBED]
+        if h[: abi.H_PEER] != want or h[abi.H_STEP] != f["step"]:
+            problems.append(
+                f"rank {r}: the late launch recorded '{abi.describe_health(h)}', expected a grid "
+                f"barrier timeout in layer 0, embed, step {f['step']}"
+            )
+        if not wait_s <= f["seconds"] <= give_up_s:
+            problems.append(
+                f"rank {r}: the late launch took {f['seconds']:.2f} s (expected {wait_s:g} to "
+                f"{give_up_s:g} s: one wait bound, then the late workgroups skip everything)"
+            )
+        if f["out_written"] or f["kv_changed"]:
+            problems.append(
+                f"rank {r}: the failed launch wrote {f['out_written']} output elements and "
+                f"{f['kv_changed']} cache bytes"
+            )
+        if int(a["step"]) != f["step"] + 2:
+            problems.append(
+                f"rank {r}: step counter {a['step']} after two launches from {f['step']}"
+            )
+    res = judge(layout, arch, prob, ref, answers)
+    if not res["ok"]:
+        problems.append(
+            f"the second launch: rel err {res['max_rel_error']:.2e}, K/V bad bytes "
+            f"{res['kv_bad_bytes']}, health " + ", ".join(res["health"])
+        )
+    res.update(
+        ok=not problems,
+        problems=problems,
+        first_health=[abi.describe_health(a["first"]["health"]) for a in answers],
+        first_seconds=[round(float(a["first"]["seconds"]), 3) for a in answers],
+        mask_cus=[a["first"]["mask_cus"] for a in answers],
+    )
+    return res

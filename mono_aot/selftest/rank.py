@@ -220,3 +220,126 @@ def close_rank(ctx: RankContext, _: Any) -> None:
     for r in ctx.state.get("runners", {}).values():
         r.close()
     ctx.state.clear()
+
+
+# ---------------------------------------------------------------- the late-dispatch check
+
+
+def _load_step(ctx: RankContext, msg: dict[str, Any]) -> dict[str, Any]:
+    """The case's inputs on this rank's GPU, its pre-step caches copied into the model's (every
+    block past the problem's NaN codes) and a NaN-poisoned ``out``."""
+    import torch
+
+    from mono_aot.runtime.runner import AttentionContext
+
+    st = ctx.state
+    dev = st["device"]
+    case = torch.load(msg["case"], weights_only=True)
+    pre = torch.load(msg["caches"], weights_only=True)
+    blocks = pre[0].shape[0]
+    for kv, c in zip(st["caches"], pre, strict=True):
+        kv[:blocks].copy_(c)
+        kv[blocks:].fill_(st["nan_code"])
+    x = case["x"].to(dev)
+    base = case["bt_base"].to(dev)
+    bt = base.as_strided(case["bt_shape"], case["bt_stride"], case["bt_offset"])
+    n = x.shape[0]
+    return {
+        "x": x,
+        "positions": case["positions"].to(dev),
+        "context": AttentionContext(
+            block_table=bt, seq_lens=case["seq_lens"].to(dev), slots=case["slots"].to(dev)
+        ),
+        "out": torch.full((n, x.shape[1]), float("nan"), dtype=torch.bfloat16, device=dev),
+        "blocks": blocks,
+    }
+
+
+def _results(ctx: RankContext, runner: Any, out: torch.Tensor, blocks: int) -> dict[str, Any]:
+    """What the parent judges: ``out``, the problem's cache blocks, the bytes changed past
+    them, the health words and the step counter (after ``torch.cuda.synchronize``)."""
+    st = ctx.state
+    return {
+        "out": out.cpu(),
+        "caches": [kv[:blocks].cpu() for kv in st["caches"]],
+        "outside_bad": sum(int((kv[blocks:] != st["nan_code"]).sum()) for kv in st["caches"]),
+        "health": runner.health.cpu().tolist(),
+        "step": int(runner.step.item()),
+    }
+
+
+def runner_state(ctx: RankContext, msg: dict[str, Any]) -> dict[str, Any]:
+    """``step`` and ``health`` of the runner ``msg["runner"]`` on this rank."""
+    runner = ctx.state["runners"][msg.get("runner", "normal")]
+    return {
+        "rank": ctx.rank,
+        "step": int(runner.step.item()),
+        "health": runner.health.cpu().tolist(),
+    }
+
+
+def run_late_dispatch(ctx: RankContext, msg: dict[str, Any]) -> dict[str, Any]:
+    """Two launches of one step (one launch: a single chunk) on the same scratch.
+
+    The first runs on a stream whose CU mask (``cases.late_mask``, from the kernel's
+    workgroups per CU as HIP reports them) enables a quarter of the CUs or fewer: the
+    workgroups that find a CU wait at the first grid barrier for the others, which the
+    hardware dispatches only once those gave up, past the wait bound. Then the host reads
+    and clears ``health`` (the only host action: ``step`` is left to the runner), re-poisons
+    ``out``, and the second launch runs on torch's current stream with every CU.
+
+    ``msg``: ``case``, ``caches``, ``runner``, and ``set_step``: a step no launch of this
+    runner used yet, set (with health cleared) before the first launch so the ranks start in
+    line whatever ran before.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from mono_aot.selftest.cases import late_mask
+
+    runner = ctx.state["runners"][msg.get("runner", "normal")]
+    c = _load_step(ctx, msg)
+    x, positions, context, out = c["x"], c["positions"], c["context"], c["out"]
+    chunks = runner.chunks(x.shape[0] // runner.layout.serving.qpr)
+    if len(chunks) != 1:
+        raise ValueError(f"the late-dispatch step must be one launch; the runner makes {chunks}")
+    launcher = runner.launchers[chunks[0][2]]
+    hip = launcher.device.hip
+    per_cu = hip.occupancy(
+        launcher.function, launcher.block, launcher.dynamic_lds, "late-dispatch kernel"
+    )
+    enabled, mask = late_mask(launcher.grid, per_cu)
+    runner.step.fill_(int(msg["set_step"]))
+    runner.health.zero_()
+    first: dict[str, Any] = {"mask_cus": enabled, "per_cu": per_cu, "step": int(msg["set_step"])}
+    pre = [kv[: c["blocks"]].clone() for kv in ctx.state["caches"]]
+    handle = hip.stream_create_with_cu_mask(mask)
+    try:
+        masked = torch.cuda.ExternalStream(handle, device=ctx.state["device"])
+        torch.cuda.synchronize()
+        dist.barrier(group=ctx.group)
+        t0 = time.perf_counter()
+        # the masked stream is torch's current one too, so the runner's step increment is
+        # ordered after the launch on it
+        with torch.cuda.stream(masked):
+            runner.forward(positions, x, context, out=out, stream=masked)
+        torch.cuda.synchronize()
+        first["seconds"] = time.perf_counter() - t0
+    finally:
+        torch.cuda.synchronize()
+        hip.stream_destroy(handle)
+    first["health"] = runner.health.cpu().tolist()
+    first["out_written"] = int((~torch.isnan(out)).sum())
+    first["kv_changed"] = sum(
+        int((kv[: c["blocks"]] != p).sum()) for kv, p in zip(ctx.state["caches"], pre, strict=True)
+    )
+    runner.health.zero_()
+    out.fill_(float("nan"))
+    torch.cuda.synchronize()
+    dist.barrier(group=ctx.group)
+    t0 = time.perf_counter()
+    runner.forward(positions, x, context, out=out)
+    torch.cuda.synchronize()
+    result = {"rank": ctx.rank, "first": first, "seconds": time.perf_counter() - t0}
+    result.update(_results(ctx, runner, out, c["blocks"]))
+    return result

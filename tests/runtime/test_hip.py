@@ -103,3 +103,37 @@ def test_hip_errors_carry_name_and_string(hip_env, monkeypatch):
         "hipExtMallocWithFlags (4096 bytes, uncached) failed: hipErrorOutOfMemory (2): "
         "out of memory (stand-in)"
     )
+
+
+def test_a_cu_masked_stream_reaches_hip_with_its_words(hip_env):
+    lib = hipmod.hip_library()
+    s = lib.stream_create_with_cu_mask([0xFF, 0, 0x1])
+    assert s != 0
+    (made,) = hip_env.of("hipExtStreamCreateWithCUMask")
+    assert made["mask"] == [0xFF, 0, 1] and made["stream"] == s
+    lib.stream_destroy(s)
+    assert [c["stream"] for c in hip_env.of("hipStreamDestroy")] == [s]
+    with pytest.raises(hipmod.HipError, match="hipStreamDestroy.*hipErrorInvalidHandle"):
+        lib.stream_destroy(s)  # destroyed twice: HIP's error, named
+    for bad in ([], [0, 0], [1 << 32], [-1]):
+        with pytest.raises(ValueError, match="CU mask"):
+            lib.stream_create_with_cu_mask(bad)
+    assert len(hip_env.of("hipExtStreamCreateWithCUMask")) == 1  # refused before HIP
+
+
+def test_a_library_without_the_cu_mask_entry_point_still_serves(hip_env):
+    lib = hipmod.hip_library()
+
+    class Without:  # the library as one that lacks hipExtStreamCreateWithCUMask
+        def __getattr__(self, name):
+            if name == "hipExtStreamCreateWithCUMask":
+                raise AttributeError(name)
+            return getattr(lib.lib, name)
+
+    stripped = object.__new__(hipmod.Hip)
+    stripped.path, stripped.lib = "libstripped.so", Without()
+    assert stripped.stream_query(0) is True  # the runtime's own calls still work
+    with pytest.raises(
+        MonoUnsupported, match="libstripped.so lacks .*hipExtStreamCreateWithCUMask"
+    ):
+        stripped.stream_create_with_cu_mask([1])

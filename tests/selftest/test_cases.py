@@ -96,7 +96,11 @@ def test_multi_launch_steps_mix_narrow_and_wide_over_several_launches():
     assert st.multi_launch_counts(only_wide) == [9, 10, 16, 17]
     assert "narrow" not in " ".join(cases.describe_launches(only_wide, c) for c in [9, 10])
     # the checks the CLI offers
-    assert st.CHECKS == ("narrow", "wide", "multi-launch", "dead-rank", "graph-replay")
+    assert st.CHECKS == (
+        "narrow", "wide", "multi-launch", "dead-rank", "dead-rank-realign", "late-dispatch",
+        "graph-replay",
+    )  # fmt: skip
+    assert set(st.SHORT_WAIT_CHECKS) == {"dead-rank", "dead-rank-realign", "late-dispatch"}
 
 
 def test_the_runners_chunking_is_the_one_the_checks_expect(monkeypatch):
