@@ -327,7 +327,9 @@ _QNAN_NEG = np.uint32(0xFFC00000)  # the guides' result of an invalid operation 
 
 def _flush_in(x: np.ndarray) -> np.ndarray:
     """Denormal inputs as signed zeros (the guide's note "denormals are flushed")."""
-    return np.where((x != 0) & (np.abs(x) < np.float32(2.0**-126)), np.copysign(np.float32(0), x), x)
+    return np.where(
+        (x != 0) & (np.abs(x) < np.float32(2.0**-126)), np.copysign(np.float32(0), x), x
+    )
 
 
 def _flush_out(bits: Lanes) -> Lanes:
@@ -482,7 +484,13 @@ def v_div_fmas_f32(ctx: OpContext, s0: Lanes, s1: Lanes, s2: Lanes) -> Lanes:
 def v_div_fixup_f32(ctx: OpContext, s0: Lanes, s1: Lanes, s2: Lanes) -> Lanes:
     """The CDNA3 guide's V_DIV_FIXUP_F32 pseudo-code (section 12.10): S0 the quotient, S1 the
     denominator, S2 the numerator; NaNs are quieted, 0/0 and inf/inf give 0xFFC00000,
-    UNDERFLOW_F32 is +-0 and OVERFLOW_F32 +-infinity (the values rounding gives there)."""
+    UNDERFLOW_F32 is +-0 and OVERFLOW_F32 +-infinity (the values rounding gives there).
+
+    The guide's last special case reads ``exponent(S1.f32) == 255``, which cannot hold there
+    (an infinite or NaN S1 was handled above); the emulator reads it as the quotient S0 being
+    infinite or NaN, which is what happens when the scaled Newton-Raphson steps overflow for a
+    quotient beyond the f32 range: the result is then +-infinity, the correctly rounded
+    quotient (tests/emulator/test_numerics.py, division edge cases)."""
     q = as_f32(s0)
     d = as_f32(s1).astype(np.float64)
     n = as_f32(s2).astype(np.float64)
@@ -496,7 +504,7 @@ def v_div_fixup_f32(ctx: OpContext, s0: Lanes, s1: Lanes, s2: Lanes) -> Lanes:
         ((d == 0) | np.isinf(n), _signed(np.float32(np.inf), sign)),
         (np.isinf(d) | (n == 0), _signed(np.float32(0.0), sign)),
         (_exponent(s2) - _exponent(s1) < -150, _signed(UNDERFLOW_F32, sign)),
-        (_exponent(s1) == 255, _signed(OVERFLOW_F32, sign)),
+        (_exponent(s0) == 255, _signed(OVERFLOW_F32, sign)),
     ]
     out = np.where(sign, as_u32(mag) | np.uint32(0x80000000), as_u32(mag)).astype(np.uint32)
     for cond, val in reversed(conds):
