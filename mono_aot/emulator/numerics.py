@@ -249,7 +249,7 @@ def _cvt_pk_f32_8(kind: str) -> LaneOp:
 
     op.__doc__ = (f"v_cvt_pk_f32_{kind}: the two {kind} codes in bits 15:0 of S0 -> 2 x f32. "
                   "The executor passes the SDWA/op_sel-selected word in bits 15:0 (CDNA3 "
-                  f"guide 12.7 V_CVT_PK_F32_{kind.upper()}: tmp = S0[31:16] or S0[15:0]).")  # fmt: skip
+                  f"guide 12.8 V_CVT_PK_F32_{kind.upper()}: tmp = S0[31:16] or S0[15:0]).")  # fmt: skip
     return op
 
 
@@ -271,7 +271,7 @@ def _cvt_pk_8_f32(kind: str, fp16_ovfl: bool) -> LaneOp:
         return _place16(ctx, lo | (hi << 8))
 
     op.__doc__ = (f"v_cvt_pk_{kind}_f32: {{cvt(S1), cvt(S0)}} into the 16-bit half op_sel[3] "
-                  "(ctx.dst_word) names, the other half preserved (CDNA3 guide 12.10, CDNA4 "
+                  "(ctx.dst_word) names, the other half preserved (CDNA3 guide 12.11, CDNA4 "
                   f"guide V_CVT_PK_{kind.upper()}_F32). FP16_OVFL={int(fp16_ovfl)}; clamp is "
                   "ignored.")  # fmt: skip
     return op
@@ -362,7 +362,7 @@ TRANSCENDENTAL_MODEL = (
     "v_exp_f32, v_log_f32, v_rcp_f32, v_rsq_f32 and v_sqrt_f32 return the float32 nearest to "
     "the float64 evaluation of the exact function (numpy's exp2/log2/1/x/1/sqrt/sqrt; for "
     "rcp and sqrt that is the correctly rounded result). The guides document these as '1ULP "
-    "accuracy, denormals are flushed' (CDNA3 guide 12.7, V_EXP_F32 ... V_SQRT_F32), so real "
+    "accuracy, denormals are flushed' (CDNA3 guide 12.8, V_EXP_F32 ... V_SQRT_F32), so real "
     "hardware may differ from the emulator by one unit in the last place; the documented "
     "functional examples (special values) are reproduced exactly."
 )
@@ -414,7 +414,7 @@ UNDERFLOW_F32 = np.float32(0.0)
 
 
 def v_div_scale_f32(ctx: OpContext, s0: Lanes, s1: Lanes, s2: Lanes) -> tuple[Lanes, Mask]:
-    """The CDNA3 guide's V_DIV_SCALE_F32 pseudo-code (section 12.10), S0 the value to scale,
+    """The CDNA3 guide's V_DIV_SCALE_F32 pseudo-code (section 12.11), S0 the value to scale,
     S1 the denominator, S2 the numerator; D0 = S0 where no branch assigns it.
 
     Two readings the pseudo-code needs to be meaningful for f32: ``1.0 / 64'F(S1) ==
@@ -482,7 +482,7 @@ def v_div_fmas_f32(ctx: OpContext, s0: Lanes, s1: Lanes, s2: Lanes) -> Lanes:
 
 
 def v_div_fixup_f32(ctx: OpContext, s0: Lanes, s1: Lanes, s2: Lanes) -> Lanes:
-    """The CDNA3 guide's V_DIV_FIXUP_F32 pseudo-code (section 12.10): S0 the quotient, S1 the
+    """The CDNA3 guide's V_DIV_FIXUP_F32 pseudo-code (section 12.11): S0 the quotient, S1 the
     denominator, S2 the numerator; NaNs are quieted, 0/0 and inf/inf give 0xFFC00000,
     UNDERFLOW_F32 is +-0 and OVERFLOW_F32 +-infinity (the values rounding gives there).
 
@@ -523,12 +523,14 @@ class MfmaShape:
     """One dense MFMA: D (m x n, f32) = A (m x k) B (k x n) + C, one block.
 
     Register layouts (AMD's matrix instruction calculator for CDNA3,
-    ``--architecture cdna3 --instruction v_mfma_f32_16x16x16_bf16 --detail-instruction``; the
-    CDNA4 guide section 7.1 for the 32-deep gfx950 form, which keeps the 16x16 layout with 8
-    elements a lane): with ``kpl = k // 4`` elements a lane, A[i][kk] is element ``kk % kpl``
-    (dword ``e // 2``, low half first) of lane ``16 * (kk // kpl) + i``; B[kk][j] the same
-    element of lane ``16 * (kk // kpl) + j``; C/D[i][j] is dword ``i % 4`` of lane
-    ``16 * (i // 4) + j``.
+    ``--architecture cdna3 --instruction v_mfma_f32_16x16x16_bf16 --detail-instruction``):
+    with ``kpl = k // 4`` elements a lane, A[i][kk] is element ``kk % kpl`` (dword
+    ``e // 2``, low half first) of lane ``16 * (kk // kpl) + i``; B[kk][j] the same element of
+    lane ``16 * (kk // kpl) + j``; C/D[i][j] is dword ``i % 4`` of lane ``16 * (i // 4) + j``.
+    The gfx950 32-deep form is taken as the same equations with 8 elements a lane (what
+    compilers targeting gfx950 use, e.g. Triton's kWidth 8); the calculator version available
+    here predates CDNA4, so that one is not checked against an AMD table. The shipped GEMM
+    only needs A and B to agree on K (``mono_aot/kernels/mfma.py``); attention also reads D.
     """
 
     name: str

@@ -254,7 +254,7 @@ def test_transcendental_within_one_ulp_of_float64(name: str) -> None:
         assert np.all(got[tiny] == 0)
 
 
-# the guides' functional examples (CDNA3 guide 12.7: V_EXP_F32 ... V_SQRT_F32)
+# the guides' functional examples (CDNA3 guide 12.8: V_EXP_F32 ... V_SQRT_F32)
 EXAMPLES = {
     "v_exp_f32": [(0xFF800000, 0x00000000), (0x80000000, 0x3F800000), (0x7F800000, 0x7F800000)],
     "v_log_f32": [(0xFF800000, 0xFFC00000), (0xBF800000, 0xFFC00000), (0x80000000, 0xFF800000),
