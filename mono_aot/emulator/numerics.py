@@ -385,27 +385,16 @@ def _is_denorm(x: np.ndarray) -> np.ndarray:
 
 
 def _fma_scaled(a: Lanes, b: Lanes, c: Lanes, k: np.ndarray | int) -> Lanes:
-    """float32 bits of 2**k * (a*b + c), rounded once (nearest even), denormals kept.
+    """float32 bits of 2**k * (a*b + c), rounded once (nearest even), denormals kept: the sum
+    rounded to odd in float64 (``valu.fma_odd64``), scaled exactly, then rounded to float32."""
+    from mono_aot.emulator.valu import fma_odd64
 
-    a*b is exact in float64 (24 + 24 bits, exponents within range); the sum is formed in
-    float64 rounded to odd (TwoSum gives the exact error; an inexact sum with an even last bit
-    moves one ulp toward the error), scaled exactly by 2**k, and float64 rounded to odd then
-    rounded to float32 is the correctly rounded result (53 >= 24 + 2). Infinities and NaNs
-    follow IEEE through the float64 arithmetic.
-    """
-    fa, fb, fc = (as_f32(v).astype(np.float64) for v in (a, b, c))
     with np.errstate(all="ignore"):
-        p = fa * fb
-        s = p + fc
-        bp = s - fc
-        err = (p - bp) + (fc - (s - bp))
-        fix = np.isfinite(s) & np.isfinite(err) & (err != 0) & ((s.view(np.uint64) & 1) == 0)
-        s = np.where(fix, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
-        return _f32(np.ldexp(s, k))
+        return _f32(np.ldexp(fma_odd64(as_f32(a), as_f32(b), as_f32(c)), k))
 
 
 def fma_f32(a: Lanes, b: Lanes, c: Lanes) -> Lanes:
-    """float32 fused multiply-add (``v_fma_f32`` with denormals on), one rounding."""
+    """float32 bits of a*b + c rounded once (``v_fma_f32`` with denormals on)."""
     return _fma_scaled(a, b, c, 0)
 
 

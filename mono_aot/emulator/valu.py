@@ -116,8 +116,9 @@ def _fop(fn: Callable[..., np.ndarray]) -> Callable[..., Lanes]:
 
 
 # ------------------------------------------------------------------------------ fma
-def fma_f32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """``a * b + c`` of float32 arrays rounded once (round to nearest even), as float32.
+def fma_odd64(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """``a * b + c`` of float32 arrays as float64 rounded to odd: rounding it to float32 (after
+    any exact scaling by a power of two, as ``v_div_fmas_f32`` does) rounds once.
 
     Why this is exact without a hardware fma: the product of two binary32 values has at most
     48 significant bits and lies within 2^-298 .. 2^256, so ``p = a * b`` in binary64 is exact
@@ -143,8 +144,13 @@ def fma_f32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
         even = (s.view(np.int64) & 1) == 0
         nudge = np.isfinite(s) & (e != 0) & even
         toward = np.where(e > 0, np.inf, -np.inf)
-        s = np.where(nudge, np.nextafter(s, toward), s)
-        return s.astype(np.float32)
+        return np.where(nudge, np.nextafter(s, toward), s)
+
+
+def fma_f32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """``a * b + c`` of float32 arrays rounded once (round to nearest even), as float32."""
+    with np.errstate(all="ignore"):
+        return fma_odd64(a, b, c).astype(np.float32)
 
 
 # ------------------------------------------------------------------------------ f32 min/max
