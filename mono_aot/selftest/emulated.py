@@ -161,8 +161,8 @@ class EmulatedHip:
         info = ARCHS[self.arch]
         kernel = self._functions[function]
         waves_per_simd = ceil_div(ceil_div(block, info.wavefront_size), info.simds_per_cu)
-        by_vgprs = info.vgprs_per_simd // (kernel.vgprs * waves_per_simd)
-        lds = kernel.lds_bytes + dynamic_lds
+        by_vgprs = info.vgprs_per_simd // (kernel.vregs * waves_per_simd)
+        lds = kernel.descriptor.group_segment_fixed_size + dynamic_lds
         by_lds = info.lds_bytes_per_cu // lds if lds else by_vgprs
         return min(by_vgprs, by_lds)
 
