@@ -64,15 +64,14 @@ PROJECTIONS: tuple[str, ...] = ("qkv", "o", "gu", "down")
 
 
 def plans_for(
-    layout: Layout, arch: str, variant: Variant = "wide", lds_budget: int = DEFAULT_LDS_BUDGET
+    layout: Layout, arch: str, variant: Variant = "wide", lds_budget: int | None = None
 ) -> dict[str, GemmPlan]:
-    """The four projections of a layer as MFMA GEMMs (``mono_aot.spec.plans.gemm_plans``)."""
+    """The four projections of a layer as MFMA GEMMs (``mono_aot.spec.plans.gemm_plans``;
+    ``lds_budget`` None: the budgets the kernel uses, ``lds_budgets``)."""
     return gemm_plans(layout, arch, variant, lds_budget)
 
 
-def wide_plans(
-    layout: Layout, arch: str, lds_budget: int = DEFAULT_LDS_BUDGET
-) -> dict[str, GemmPlan]:
+def wide_plans(layout: Layout, arch: str, lds_budget: int | None = None) -> dict[str, GemmPlan]:
     """``plans_for(layout, arch, "wide", lds_budget)``."""
     return plans_for(layout, arch, "wide", lds_budget)
 
@@ -307,7 +306,8 @@ def _row_pass(P, emit, s, red, wg, tid, n, x, w, base):
     a pass derives from them (the lanes' weight and activation addresses of every chunk) is
     computed inside the pass loop. From plain values LLVM hoists the loop-invariant activation
     addresses of every chunk and token tile out of the loop, and the ~100 VGPRs they hold
-    stay live across every pass's K loop: the spills that held ``GEMM_MAX_PASSES`` at 1."""
+    stay live across every pass's K loop: 74-196 VGPRs spilled, and plans were held to one
+    pass (wide from 192 CTAs up) until each pass set itself up this way."""
     c = _setup(
         P, emit, s, red,
         opaque(fx.Int32(wg)), opaque(fx.Int32(tid), sgpr=False), opaque(fx.Int32(n)),
@@ -462,7 +462,7 @@ STANDALONE_ARGS: tuple[tuple[str, str], ...] = (
 )  # fmt: skip
 
 
-def standalone_launcher(layout: Layout, arch: str, lds_budget: int = DEFAULT_LDS_BUDGET) -> Any:
+def standalone_launcher(layout: Layout, arch: str, lds_budget: int | None = None) -> Any:
     """A launcher running every wide projection of layer ``layer`` once, independently.
 
     Stacked weights ``[layers, rows, cols]`` and scales ``[layers, rows]`` as the runner packs
