@@ -9,7 +9,10 @@ rejects exactly what the build would refuse, as ``file: field: rule`` with the n
 Every CTA count from 32 to the arch's CUs builds for the shipped geometry: a workgroup whose
 rows do not fit one pass of the GEMV's 64-lane reduction (narrow) or one reduction round of
 the GEMM's LDS budget (wide) loops over row passes, each a full K sweep over its own rows, so
-every weight byte is still read once per launch (README, "The drafter megakernels").
+every weight byte is still read once per launch (README, "The drafter megakernels"). Where
+the all-reduce tile grows past what the LDS holds beside the other regions (gfx942 wide at 32
+and 33 CTAs), ``lds_arena`` overlays regions no phase uses together and ``lds_budgets`` gives
+o and down the reduction budget the tile leaves.
 """
 
 from __future__ import annotations
