@@ -39,6 +39,7 @@ import flydsl.expr as fx
 from flydsl.expr import const_expr, range_constexpr, rocdl
 from flydsl.expr.typing import T
 
+from mono_aot.kernels.common import opaque
 from mono_aot.spec.layouts import Layout, Variant
 from mono_aot.spec.plans import (  # noqa: F401 (GemmPlan, PlanError, MFMA_K: re-exported)
     CHUNK,
@@ -63,15 +64,14 @@ PROJECTIONS: tuple[str, ...] = ("qkv", "o", "gu", "down")
 
 
 def plans_for(
-    layout: Layout, arch: str, variant: Variant = "wide", lds_budget: int = DEFAULT_LDS_BUDGET
+    layout: Layout, arch: str, variant: Variant = "wide", lds_budget: int | None = None
 ) -> dict[str, GemmPlan]:
-    """The four projections of a layer as MFMA GEMMs (``mono_aot.spec.plans.gemm_plans``)."""
+    """The four projections of a layer as MFMA GEMMs (``mono_aot.spec.plans.gemm_plans``;
+    ``lds_budget`` None: the budgets the kernel uses, ``lds_budgets``)."""
     return gemm_plans(layout, arch, variant, lds_budget)
 
 
-def wide_plans(
-    layout: Layout, arch: str, lds_budget: int = DEFAULT_LDS_BUDGET
-) -> dict[str, GemmPlan]:
+def wide_plans(layout: Layout, arch: str, lds_budget: int | None = None) -> dict[str, GemmPlan]:
     """``plans_for(layout, arch, "wide", lds_budget)``."""
     return plans_for(layout, arch, "wide", lds_budget)
 
@@ -260,6 +260,16 @@ def mfma_gemm(wg, tid, w, s, x, n, red, plan: GemmPlan, emit):
     reused right after. Never calls the grid barrier.
     """
     P = plan
+    if const_expr(P.passes == 1):
+        _phase_versions(_setup(P, emit, s, red, wg, tid, n, x, w))
+    else:
+        for p in range(P.passes, unroll=1):  # row passes: each a K sweep over its own rows
+            _row_pass(P, emit, s, red, wg, tid, n, x, w, pass_base(P, fx.Int32(p)))
+
+
+def _setup(P, emit, s, red, wg, tid, n, x, w, base=0):
+    """The call's per-lane state for the row pass starting at run row ``base``: ids, the run,
+    the activation lanes of every token tile and (knowing ``base``) the weight lanes."""
     NT = P.token_tiles
     XS = P.xs
     c = SimpleNamespace(P=P, emit=emit, s=s, red=_f32_shared(red))
@@ -270,18 +280,13 @@ def mfma_gemm(wg, tid, w, s, x, n, red, plan: GemmPlan, emit):
     lr = c.lane % TILE  # MFMA row (A) / token (B) of this lane
     grp = c.lane // TILE  # K group of this lane
     c.r0, c.cnt = cta_run(P, fx.Int32(wg))
-    if const_expr(P.passes == 1):
-        c.base = 0
-        c.w_lane = _w_lanes(c, w, lr, grp)
+    c.base = base
+    c.w_lane = _w_lanes(c, w, lr, grp)
     c.x_lane = []
     for t in range_constexpr(NT):
         tok = lane_tok(t, lr, c.n)
         c.x_lane.append(x + (fx.Int64(tok) * XS + fx.Int64(lane_k(P, c.wave, grp, 0))) * 2)
-    if const_expr(P.passes == 1):
-        _phase_versions(c)
-    else:
-        for p in range(P.passes, unroll=1):  # row passes: each a K sweep over its own rows
-            _row_pass(c, w, lr, grp, pass_base(P, fx.Int32(p)))
+    return c
 
 
 def _w_lanes(c, w, lr, grp):
@@ -296,11 +301,19 @@ def _w_lanes(c, w, lr, grp):
 
 
 @flyc.jit
-def _row_pass(c, w, lr, grp, base):
-    cp = SimpleNamespace(**vars(c))
-    cp.base = base
-    cp.w_lane = _w_lanes(cp, w, lr, grp)
-    _phase_versions(cp)
+def _row_pass(P, emit, s, red, wg, tid, n, x, w, base):
+    """One row pass, set up from opaque copies of the ids, ``n`` and the addresses: everything
+    a pass derives from them (the lanes' weight and activation addresses of every chunk) is
+    computed inside the pass loop. From plain values LLVM hoists the loop-invariant activation
+    addresses of every chunk and token tile out of the loop, and the ~100 VGPRs they hold
+    stay live across every pass's K loop: 74-196 VGPRs spilled, and plans were held to one
+    pass (wide from 192 CTAs up) until each pass set itself up this way."""
+    c = _setup(
+        P, emit, s, red,
+        opaque(fx.Int32(wg)), opaque(fx.Int32(tid), sgpr=False), opaque(fx.Int32(n)),
+        opaque(fx.Int64(x)), opaque(fx.Int64(w)), base,
+    )  # fmt: skip
+    _phase_versions(c)
 
 
 def _phase_versions(c):
@@ -449,7 +462,7 @@ STANDALONE_ARGS: tuple[tuple[str, str], ...] = (
 )  # fmt: skip
 
 
-def standalone_launcher(layout: Layout, arch: str, lds_budget: int = DEFAULT_LDS_BUDGET) -> Any:
+def standalone_launcher(layout: Layout, arch: str, lds_budget: int | None = None) -> Any:
     """A launcher running every wide projection of layer ``layer`` once, independently.
 
     Stacked weights ``[layers, rows, cols]`` and scales ``[layers, rows]`` as the runner packs

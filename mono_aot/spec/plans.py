@@ -9,7 +9,10 @@ rejects exactly what the build would refuse, as ``file: field: rule`` with the n
 Every CTA count from 32 to the arch's CUs builds for the shipped geometry: a workgroup whose
 rows do not fit one pass of the GEMV's 64-lane reduction (narrow) or one reduction round of
 the GEMM's LDS budget (wide) loops over row passes, each a full K sweep over its own rows, so
-every weight byte is still read once per launch (README, "The drafter megakernels").
+every weight byte is still read once per launch (README, "The drafter megakernels"). Where
+the all-reduce tile grows past what the LDS holds beside the other regions (gfx942 wide at 32
+and 33 CTAs), ``lds_arena`` overlays regions no phase uses together and ``lds_budgets`` gives
+o and down the reduction budget the tile leaves.
 """
 
 from __future__ import annotations
@@ -82,10 +85,6 @@ GEMV_MAX_GROUP = 16  # tokens whose activations one K pass stages
 # shipped counts use at most 3; 4 rows of 16 tokens spilled 44-64 VGPRs (gfx942 at 228, 80 and
 # 38 CTAs, gfx950 at 32), 3 per pass built clean.
 GEMV_MAX_PASS_ROWS = 3
-# Row passes of the MFMA GEMM: the pass loop is built and emulated, but with more than one pass
-# the compiler keeps the versions' state live across the loop and spills (110 VGPRs at 80 CTAs
-# on gfx942, 80 at 128 on gfx950): plans needing more passes are refused until that is fixed.
-GEMM_MAX_PASSES = 1
 
 
 @dataclass(frozen=True)
@@ -241,7 +240,6 @@ class GemmPlan(ProjectionRows):
     lds_budget: int = DEFAULT_LDS_BUDGET
     min_tokens: int = 1  # the fewest tokens a caller passes (a speed hint: any n <= max is right)
     mfma_k: int = 16  # 16: v_mfma_f32_16x16x16_bf16 (gfx942); 32: v_mfma_f32_16x16x32_bf16 (gfx950)
-    max_passes: int = GEMM_MAX_PASSES  # the host emulation (tests) may allow more
 
     def __post_init__(self) -> None:
         problems: list[tuple[str, str]] = []
@@ -279,14 +277,6 @@ class GemmPlan(ProjectionRows):
             raise PlanError(
                 f"GemmPlan({self.rows}x{self.cols}): lds_budget={self.lds_budget} is below one "
                 f"reduction round ({self.min_round_bytes} bytes)"
-            )
-        if self.passes > self.max_passes:
-            raise PlanError(
-                f"GemmPlan({self.rows}x{self.cols}): {self.rows_per_cta} "
-                f"{'row pairs' if self.pairs else 'rows'} per workgroup = {self.run_tiles} "
-                f"tiles of {TILE} need {self.passes} row passes (a {self.lds_budget}-byte "
-                f"reduction round holds {self.seg_tiles}); the kernel builds at most "
-                f"{self.max_passes} without spilling"
             )
 
     # ---- derived (the only place they are computed) ----
@@ -419,13 +409,15 @@ def projection_plan(
     variant: Variant,
     name: str,
     gemm: str | None = None,
-    lds_budget: int = DEFAULT_LDS_BUDGET,
+    lds_budget: int | None = None,
 ) -> GemvPlan | GemmPlan:
     """One projection's plan (``name`` in ``PROJECTION_COLS``); ``PlanError`` if it cannot be
-    built."""
+    built. ``lds_budget`` None: the kernel's own (``lds_budgets``)."""
     gemm = gemm or default_gemm(variant)
     if gemm not in GEMMS:
         raise ValueError(f"unknown GEMV phase {gemm!r}; expected one of {', '.join(GEMMS)}")
+    if lds_budget is None:
+        lds_budget = lds_budgets(layout, arch, variant, gemm)[name]
     rows, cols, pairs = _shapes(layout)[name]
     cls = GemmPlan if gemm == "mfma" else GemvPlan
     return cls(rows, cols, pairs=pairs, **_plan_kwargs(layout, arch, variant, gemm, lds_budget))
@@ -436,7 +428,7 @@ def projection_plans(
     arch: str,
     variant: Variant,
     gemm: str | None = None,
-    lds_budget: int = DEFAULT_LDS_BUDGET,
+    lds_budget: int | None = None,
 ) -> dict[str, GemvPlan | GemmPlan]:
     """The four projections of a layer (per rank) for ``variant`` on ``arch``.
 
@@ -444,12 +436,19 @@ def projection_plans(
     matrix (gate row j with up row j); down: ``[hidden, mlp]``. As MFMA GEMMs (``gemm`` "mfma",
     the wide kernel's default) token tiles cover the variant's request range (the versions
     below its fewest tokens are not built: the smallest one serves them) and the MFMA is the
-    arch's full-rate bf16 one; as VALU GEMVs ("valu", the narrow kernel's default)."""
-    return {k: projection_plan(layout, arch, variant, k, gemm, lds_budget) for k in PROJECTION_COLS}
+    arch's full-rate bf16 one; as VALU GEMVs ("valu", the narrow kernel's default).
+    ``lds_budget`` None: each projection's budget in the kernel (``lds_budgets``); an int: that
+    budget for every projection (tests, the standalone MFMA kernel)."""
+    budgets = (
+        lds_budgets(layout, arch, variant, gemm)
+        if lds_budget is None
+        else dict.fromkeys(PROJECTION_COLS, lds_budget)
+    )
+    return {k: projection_plan(layout, arch, variant, k, gemm, budgets[k]) for k in PROJECTION_COLS}
 
 
 def gemm_plans(
-    layout: Layout, arch: str, variant: Variant = "wide", lds_budget: int = DEFAULT_LDS_BUDGET
+    layout: Layout, arch: str, variant: Variant = "wide", lds_budget: int | None = None
 ) -> dict[str, GemmPlan]:
     """``projection_plans`` as MFMA GEMMs."""
     return projection_plans(layout, arch, variant, "mfma", lds_budget)  # type: ignore[return-value]
@@ -670,11 +669,21 @@ def table_words(tp: int) -> int:
     return 2 * len(table_addrs(tp)) + len(TABLE_SCALARS)
 
 
+# The projections whose results go to the all-reduce tile (their emits write it while their
+# own reduction buffer is in use); qkv and gu emit through the rstd vector instead.
+ROW_PARALLEL = ("o", "down")
+SYNC_WORDS = 4  # int32 words after the arena (kernels.drafter: the sync_lds allocation)
+
+
 @dataclass(frozen=True)
 class LdsArena:
     """The kernel's LDS: the arena ``[0, red)`` for the GEMV's or attention's own use, then
     rstd ``[n_max]`` f32, then the per-workgroup tile ``[n_max][mbox rows]`` f32 (o/down
-    partials; the receive's squares); after the arena 4 sync words and the table."""
+    partials; the receive's squares); after the arena 4 sync words and the table.
+
+    ``overlaid``: the separate regions exceed the CU's LDS, so rstd and the tile start where
+    the reductions that are live beside them end and share bytes with attention's staging
+    and with each other (see ``lds_arena``)."""
 
     red: int
     off_rstd: int
@@ -684,30 +693,99 @@ class LdsArena:
     table_words: int
     total: int
     limit: int  # the CU's LDS (ArchInfo.lds_bytes_per_cu)
+    overlaid: bool = False
+
+
+def _tile_bytes(layout: Layout, variant: Variant) -> int:
+    return layout.variant_tokens(variant) * abi.mbox_rows(layout) * 4
+
+
+def _tail_bytes(layout: Layout) -> int:
+    """LDS after the arena: the sync words and the table."""
+    return SYNC_WORDS * 4 + align_up(table_words(layout.parallel.tp), 4) * 4
+
+
+def _arena(
+    layout: Layout,
+    arch: str,
+    variant: Variant,
+    proj: dict[str, GemvPlan | GemmPlan],
+    overlaid: bool,
+) -> LdsArena:
+    attn = AttnGeometry.build(layout, arch, variant)
+    n_max = layout.variant_tokens(variant)
+    rstd_bytes = align_up(n_max * 4, 256)
+    if overlaid:
+        red = align_up(attn.lds_bytes, 256)
+        off_rstd = align_up(max(proj[k].lds_bytes for k in PROJECTION_COLS
+                                if k not in ROW_PARALLEL), 256)  # fmt: skip
+        off_tile = align_up(max(proj[k].lds_bytes for k in ROW_PARALLEL), 256)
+        arena = max(red, off_rstd + rstd_bytes, off_tile + _tile_bytes(layout, variant))
+    else:
+        red = align_up(max(max(p.lds_bytes for p in proj.values()), attn.lds_bytes), 256)
+        off_rstd = red
+        off_tile = off_rstd + rstd_bytes
+        arena = off_tile + _tile_bytes(layout, variant)
+    words = ceil_div(arena, 16) * 4
+    tw = align_up(table_words(layout.parallel.tp), 4)
+    total = words * 4 + SYNC_WORDS * 4 + tw * 4
+    return LdsArena(
+        red, off_rstd, off_tile, arena, words, tw, total, arch_info(arch).lds_bytes_per_cu,
+        overlaid,
+    )  # fmt: skip
+
+
+def lds_budgets(
+    layout: Layout, arch: str, variant: Variant, gemm: str | None = None
+) -> dict[str, int]:
+    """Each projection's reduction budget in the kernel: ``DEFAULT_LDS_BUDGET``, unless the
+    separate arena then exceeds the CU's LDS (the all-reduce tile grows as the CTA count
+    falls: 48 KiB at 32 or 33 CTAs). Then o and down, whose reduction is live beside the tile
+    (``lds_arena``'s overlaid layout), get what the tile leaves, at most the default: fewer
+    row tiles per pass, more passes, the same weight bytes. qkv and gu keep the default."""
+    gemm = gemm or default_gemm(variant)
+    budgets = dict.fromkeys(PROJECTION_COLS, DEFAULT_LDS_BUDGET)
+    if gemm != "mfma":
+        return budgets  # the GEMV's LDS is fixed by its group size
+    try:
+        proj = projection_plans(layout, arch, variant, gemm, DEFAULT_LDS_BUDGET)
+    except PlanError:
+        return budgets  # projection_plan reports it
+    separate = _arena(layout, arch, variant, proj, overlaid=False)
+    if separate.total <= separate.limit:
+        return budgets
+    left = separate.limit - _tail_bytes(layout) - _tile_bytes(layout, variant)
+    for k in ROW_PARALLEL:
+        rnd = proj[k].min_round_bytes  # type: ignore[union-attr]
+        if left >= rnd:  # else lds_arena reports the overflow
+            budgets[k] = min(DEFAULT_LDS_BUDGET, left // rnd * rnd)
+    return budgets
 
 
 def lds_arena(layout: Layout, arch: str, variant: Variant, gemm: str | None = None) -> LdsArena:
-    """The arena of one kernel; ``PlanError`` when it exceeds the CU's LDS."""
+    """The arena of one kernel; ``PlanError`` when it exceeds the CU's LDS.
+
+    The separate layout gives every region its own bytes (the shipped counts use it). When
+    that exceeds the CU's LDS, the overlaid one is used: the phases run one after another with
+    workgroup barriers between them, and rstd (qkv, gu, the final norm), the tile (o, down,
+    the receives, embed) and attention's staging are never live in the same phase, so rstd
+    starts after qkv's and gu's reduction buffers, the tile after o's and down's, and
+    attention's staging may cover both."""
     proj = projection_plans(layout, arch, variant, gemm)
-    attn = AttnGeometry.build(layout, arch, variant)
+    out = _arena(layout, arch, variant, proj, overlaid=False)
+    if out.total <= out.limit:
+        return out
+    over = _arena(layout, arch, variant, proj, overlaid=True)
+    if over.total <= over.limit:
+        return over
     n_max = layout.variant_tokens(variant)
-    red = align_up(max(max(p.lds_bytes for p in proj.values()), attn.lds_bytes), 256)
-    off_rstd = red
-    off_tile = off_rstd + align_up(n_max * 4, 256)
-    arena = off_tile + n_max * abi.mbox_rows(layout) * 4
-    words = ceil_div(arena, 16) * 4
-    tw = align_up(table_words(layout.parallel.tp), 4)
-    total = words * 4 + 4 * 4 + tw * 4
-    limit = arch_info(arch).lds_bytes_per_cu
-    out = LdsArena(red, off_rstd, off_tile, arena, words, tw, total, limit)
-    if total > limit:
-        raise PlanError(
-            f"{total} bytes of LDS exceed the CU's {limit}: GEMV/attention {red} + rstd "
-            f"{off_tile - off_rstd} + all-reduce tile {n_max} tokens x "
-            f"{abi.mbox_rows(layout)} rows x 4 = {arena - off_tile} + sync and table "
-            f"{total - words * 4}"
-        )
-    return out
+    raise PlanError(
+        f"{out.total} bytes of LDS exceed the CU's {out.limit}: GEMV/attention {out.red} + rstd "
+        f"{out.off_tile - out.off_rstd} + all-reduce tile {n_max} tokens x "
+        f"{abi.mbox_rows(layout)} rows x 4 = {out.arena - out.off_tile} + sync and table "
+        f"{out.total - out.words * 4}; overlaid (the tile after o/down's {over.off_tile}-byte "
+        f"reduction) {over.total}"
+    )
 
 
 def kernel_problems_for(

@@ -220,6 +220,7 @@ EMU_CASES = [
     (100, 512, 2, 40, 1, False, 512, 16, 16384, (3, 40)),  # runs of 4 tiles: 2 row passes
     (90, 512, 2, 24, 1, False, 512, 32, 16384, (24,)),  # 3 tiles: a clamped last pass
     (200, 512, 2, 24, 1, True, 512, 16, 16384, (17,)),  # 50 pairs a run: 4 passes of a pair
+    (100, 512, 2, 40, 24, False, 512, 32, 8192, (1, 40)),  # one tile a pass (as o/down at 32)
 ]
 
 
@@ -236,7 +237,6 @@ def test_emulated_phase_matches_torch(case):
         min_tokens=min_t,
         mfma_k=mk,
         lds_budget=budget,
-        max_passes=8,  # the pass loop, emulated (the kernel builds one without spilling)
     )
     gen = torch.Generator().manual_seed(rows * 1000 + cols)
     codes, s = quantize_rows(torch.randn(rows, cols, generator=gen), "e4m3fnuz")
