@@ -101,7 +101,8 @@ class Asm:
         return self.sopp("s_endpgm")
 
     def smem(self, name: str, sdata: int, sbase: int, offset: int = 0) -> Asm:
-        w0 = 0x30 << 26 | _code(self.t["SMEM"], name) << 18 | 1 << 17 | sdata << 6 | sbase // 2
+        imm = 0 if name in ("s_memtime", "s_memrealtime") else 1
+        w0 = 0x30 << 26 | _code(self.t["SMEM"], name) << 18 | imm << 17 | sdata << 6 | sbase // 2
         return self._emit(w0, offset & 0x1FFFFF)
 
     # ---- vector
