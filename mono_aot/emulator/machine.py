@@ -175,7 +175,7 @@ class Machine:
         self.queues: list[list[Launch]] = [[] for _ in range(devices)]
         self.now = 0  # cycles: the clock at which the next launch of an idle device starts
         self.device_time = [0] * devices
-        self.ops: dict[str, Callable] | None = None
+        self.ops: dict[str, Callable] = _lane_ops()  # the lane operations load binds
 
     # ------------------------------------------------------------------ loading
     def load(self, code_object: bytes, kernel: str | None = None) -> LoadedKernel:
@@ -200,8 +200,6 @@ class Machine:
             raise EmulatorError(f"{name}: wave32 is not supported", kernel=name)
         vregs = ((desc.rsrc1 & 0x3F) + 1) * 8  # gfx90a+: unified VGPR granules of 8
         accum = desc.accum_offset
-        if self.ops is None:
-            self.ops = _lane_ops()
         cfg = Config(self.arch, accum, vregs, self.ops, _mfma(), self.memory, name)
         try:
             prog = compile_kernel(cfg, dk)

@@ -65,9 +65,7 @@ class Memory:
             if 0 <= j < len(self._allocs):
                 old = self._allocs[j]
                 if old.base < new.end and new.base < old.end:
-                    raise MemoryFault(
-                        f"map {new.describe()} overlaps the mapped {old.describe()}"
-                    )
+                    raise MemoryFault(f"map {new.describe()} overlaps the mapped {old.describe()}")
         self._allocs.insert(i, new)
         self._bases.insert(i, new.base)
         self._refresh()

@@ -309,7 +309,9 @@ class Compiler:
         rs: list[int] = list(extra_rs)
         ws: list[int] = list(extra_ws)
         for o, role in zip(inst.operands, inst.roles, strict=True):
-            tgt_v, tgt_s = (rv, rs) if role in reads else (wv, ws) if role in writes else (None, None)
+            tgt_v, tgt_s = (
+                (rv, rs) if role in reads else (wv, ws) if role in writes else (None, None)
+            )
             if tgt_v is None:
                 continue
             tgt_v.extend(self.vrows(o))
@@ -591,7 +593,9 @@ class Compiler:
         old_dst = kind == "mac"
         if inst.op.opsel_dst and fmt == "VOP3" and f.get("op_sel", 0) >> 3 & 1:
             dst_word, old_dst = 1, True
-        rv, wv, rs, ws = self._regs(inst, tuple(roles[i] for i in src_idx), ("vdst", "sdst", "vcc_out"))
+        rv, wv, rs, ws = self._regs(
+            inst, tuple(roles[i] for i in src_idx), ("vdst", "sdst", "vcc_out")
+        )
         if mask_src is not None:
             rs = rs + self.srows(mask_src)
         rs = rs + (EXEC_LO, EXEC_HI)
@@ -628,7 +632,9 @@ class Compiler:
         if kind == "mac":
             try:
                 params = inspect.signature(op).parameters.values()
-                npos = sum(1 for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+                npos = sum(
+                    1 for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                )
                 var = any(p.kind == p.VAR_POSITIONAL for p in params)
                 mac_as_src = var or npos >= 4
             except (TypeError, ValueError):
@@ -991,7 +997,7 @@ class Compiler:
             sb = self.sread(inst.operand("saddr"))
 
             def addr(w):  # saddr + zero-extended 32-bit vaddr + signed offset
-                return (w.v[r].astype(np.uint64) + np.uint64((sb(w) + offset) & M64))
+                return w.v[r].astype(np.uint64) + np.uint64((sb(w) + offset) & M64)
 
             return addr
         off64 = np.uint64(offset & M64)
@@ -1079,7 +1085,11 @@ class Compiler:
                 except Exception as e:
                     raise Fault(f"global atomic: lane {lane}: {e}", lane=lane, address=at) from None
                 cell = al.buf[o : o + nbytes]
-                cur = cell.view(np.uint32).copy() if o % 4 == 0 else np.frombuffer(cell.tobytes(), np.uint32).copy()
+                cur = (
+                    cell.view(np.uint32).copy()
+                    if o % 4 == 0
+                    else np.frombuffer(cell.tobytes(), np.uint32).copy()
+                )
                 old[lane] = cur
                 new = fn(cur, data[:, lane])
                 cell[:] = np.asarray(new, dtype=_U32).view(np.uint8)
@@ -1176,7 +1186,11 @@ def _extend(raw: np.ndarray, signed: bool, ndw: int) -> np.ndarray:
     size = raw.shape[1]
     if size >= 4:
         return np.ascontiguousarray(raw).view(np.uint32).reshape(LANES, ndw)
-    v = raw[:, 0].astype(np.uint32) if size == 1 else np.ascontiguousarray(raw).view(np.uint16)[:, 0].astype(np.uint32)
+    v = (
+        raw[:, 0].astype(np.uint32)
+        if size == 1
+        else np.ascontiguousarray(raw).view(np.uint16)[:, 0].astype(np.uint32)
+    )
     if signed:
         bits = 8 * size
         v = ((v.astype(np.int64) ^ (1 << (bits - 1))) - (1 << (bits - 1))).astype(np.uint32)
@@ -1240,7 +1254,10 @@ _ATOMICS: dict[str, tuple[Callable, int]] = {
     "or": (lambda c, d: [int(c[0]) | int(d[0])], 1),
     "xor": (lambda c, d: [int(c[0]) ^ int(d[0])], 1),
     "inc": (lambda c, d: [0 if int(c[0]) >= int(d[0]) else int(c[0]) + 1], 1),
-    "dec": (lambda c, d: [int(d[0]) if int(c[0]) == 0 or int(c[0]) > int(d[0]) else int(c[0]) - 1], 1),
+    "dec": (
+        lambda c, d: [int(d[0]) if int(c[0]) == 0 or int(c[0]) > int(d[0]) else int(c[0]) - 1],
+        1,
+    ),
     "add_f32": (_f32add, 1),
     "swap_x2": (lambda c, d: d[:2], 2),
     "cmpswap_x2": (lambda c, d: d[:2] if _u64(c) == _u64(d[2:4]) else c, 2),

@@ -156,7 +156,12 @@ class Asm:
 
     def glob(self, name: str, *, addr: int, data: int = 0, vdst: int = 0, saddr: int = OFF,
              offset: int = 0, sc0: int = 0) -> Asm:  # fmt: skip
-        w0 = 0x37 << 26 | _code(self.t["FLAT"], name.removeprefix("global_")) << 18 | sc0 << 16 | 2 << 14
+        w0 = (
+            0x37 << 26
+            | _code(self.t["FLAT"], name.removeprefix("global_")) << 18
+            | sc0 << 16
+            | 2 << 14
+        )
         w0 |= offset & 0x1FFF
         return self._emit(w0, vdst << 24 | saddr << 16 | data << 8 | addr)
 

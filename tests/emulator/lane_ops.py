@@ -51,7 +51,9 @@ TEST_OPS = {
     "v_addc_co_u32": _addc,
     "v_fmac_f32": _fmac,
     "v_mov_b64": lambda ctx, a: a.copy(),
-    "v_ashrrev_i32": lambda ctx, a, b: (b.view(np.int32) >> (a & np.uint32(31)).astype(np.int32)).view(np.uint32),
+    "v_ashrrev_i32": lambda ctx, a, b: (
+        b.view(np.int32) >> (a & np.uint32(31)).astype(np.int32)
+    ).view(np.uint32),
     "v_lshrrev_b32": lambda ctx, a, b: b >> (a & np.uint32(31)),
     "v_xor_b32": lambda ctx, a, b: a ^ b,
     "v_mul_lo_u32": lambda ctx, a, b: (a.astype(np.uint64) * b).astype(np.uint32),
@@ -60,6 +62,8 @@ TEST_OPS = {
     "v_cmp_lt_u32": lambda ctx, a, b: (None, a < b),
     "v_cmp_gt_i32": lambda ctx, a, b: (None, a.view(np.int32) > b.view(np.int32)),
     "v_cmp_lt_i32": lambda ctx, a, b: (None, a.view(np.int32) < b.view(np.int32)),
-    "v_lshl_add_u64": lambda ctx, a, b, c: _pair((_u64(a) << (b[:, 0] & 63).astype(np.uint64)) + _u64(c)),
+    "v_lshl_add_u64": lambda ctx, a, b, c: _pair(
+        (_u64(a) << (b[:, 0] & 63).astype(np.uint64)) + _u64(c)
+    ),
     "v_pk_add_f32": lambda ctx, a, b: as_u32(as_f32(a) + as_f32(b)),
 }

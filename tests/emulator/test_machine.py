@@ -108,7 +108,9 @@ def test_read_before_waitcnt_is_reported():
     a.glob("global_load_dword", addr=1, vdst=2, saddr=4)
     a.vop2("v_add_u32", 3, v(2), v(2))  # no s_waitcnt vmcnt(0) before the use
     a.endpgm()
-    with pytest.raises(EmulatorError, match=r"read of v2 before s_waitcnt retired the load at 0x10"):
+    with pytest.raises(
+        EmulatorError, match=r"read of v2 before s_waitcnt retired the load at 0x10"
+    ):
         run(a)
 
 
