@@ -1,0 +1,435 @@
+"""The executor: devices, launches, waves and the scheduler that interleaves them.
+
+Dispatch (LLVM "AMDGPUUsage", "Initial Kernel Execution State"; the descriptor is read by
+``descriptor.KernelDescriptor``): each wave starts with the user SGPRs its kernel descriptor
+enables (only the kernarg segment pointer is supported: the kernarg bytes are copied into a host
+buffer mapped in ``Memory``), then the workgroup ids; v0 holds the packed work-item id (X in bits
+9:0 on gfx90a and later; the launches are one-dimensional). EXEC starts with the wave's live
+lanes. Every workgroup of a launch is dispatched at once (a persistent grid: the kernels wait for
+each other across workgroups), except those ``hold`` delays.
+
+Virtual time: each wave has its own clock in core cycles (2.1 GHz); an instruction costs
+``CYCLES_PER_INSTRUCTION`` (4: one quarter-rate issue of a 64-lane wave on a 16-lane SIMD),
+``s_sleep N`` 64*N more, and a wait for memory advances the clock to the access's issue time plus
+a fixed latency (``wave.LATENCY``). ``s_memrealtime`` reads the 100 MHz constant clock
+(cycles / 21), ``s_memtime`` the core clock. The scheduler always runs the wave with the
+smallest clock (ties broken by a seeded RNG) for a quantum of instructions or until it yields
+(s_sleep, s_barrier, s_endpgm, an atomic, an s_waitcnt that waited); ``shuffle`` draws each
+quantum at random. All devices' waves share one scheduler, so a wave spinning on a flag another
+device writes lets every clock advance. Launches on one device run in order (one stream).
+
+Memory is sequentially consistent at instruction granularity: a load reads memory when it
+executes, a store writes it when it executes, an atomic is one indivisible step per lane (lanes
+in increasing order). Caches, their coherence and scopes (sc0/sc1/nt) are not modelled: cache
+operations (buffer_wbl2, buffer_inv, s_dcache_*) only count.
+"""
+
+from __future__ import annotations
+
+import heapq
+import importlib
+import time as _time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mono_aot.emulator.decode import DecodedKernel, decode_kernel
+from mono_aot.emulator.descriptor import KernelDescriptor
+from mono_aot.emulator.elf import CodeObject
+from mono_aot.emulator.memory import Memory, MemoryFault
+from mono_aot.emulator.program import Compiled, Config, LoadError, compile_kernel
+from mono_aot.emulator.wave import LANES, Fault, Wave, Workgroup
+
+__all__ = ["EmulatorError", "Launch", "LaunchStats", "LoadedKernel", "Machine", "Memory",
+           "RunStats"]  # fmt: skip
+
+CLOCK_HZ = 2.1e9
+CYCLES_PER_INSTRUCTION = 4
+QUANTUM = 64
+
+
+class EmulatorError(RuntimeError):
+    """A fault of the emulated program (or a kernel the emulator cannot run): the message
+    names kernel, device, workgroup, wave, byte offset, instruction and lane/address."""
+
+    def __init__(self, message: str, *, kernel: str = "", device: int | None = None,
+                 workgroup: int | None = None, wave: int | None = None,
+                 offset: int | None = None, instruction: str = "", lane: int | None = None,
+                 address: int | None = None) -> None:  # fmt: skip
+        super().__init__(message)
+        self.kernel, self.device, self.workgroup, self.wave = kernel, device, workgroup, wave
+        self.offset, self.instruction, self.lane, self.address = offset, instruction, lane, address
+
+
+def _lane_ops() -> dict[str, Callable]:
+    """The lane-operation tables (``valu.VALU``, ``numerics.NUMERICS``) that are installed."""
+    ops: dict[str, Callable] = {}
+    valu = _optional("valu")
+    if valu is not None:
+        ops.update(valu.VALU)
+    numerics = _optional("numerics")
+    if numerics is not None:
+        ops.update(numerics.NUMERICS)
+    return ops
+
+
+def _optional(module: str):
+    """``mono_aot.emulator.<module>`` when this build has it, else None (the operation tables
+    are separate modules; an executor without them still loads kernels and reports which
+    operations are missing)."""
+    name = f"mono_aot.emulator.{module}"
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name != name:
+            raise
+        return None
+
+
+def _mfma() -> Callable | None:
+    numerics = _optional("numerics")
+    return getattr(numerics, "mfma", None) if numerics is not None else None
+
+
+@dataclass
+class LoadedKernel:
+    """A kernel decoded and compiled once; launch it any number of times on any device."""
+
+    name: str
+    arch: str
+    decoded: DecodedKernel
+    descriptor: KernelDescriptor
+    program: Compiled
+    vregs: int
+    accum: int
+    texts: list[str]
+
+    @property
+    def missing_ops(self) -> dict[str, int]:
+        """Opcodes with no lane operation in this build, with their number of uses."""
+        return dict(self.program.missing)
+
+
+@dataclass
+class LaunchStats:
+    device: int
+    kernel: str
+    grid: int
+    block: int
+    instructions: int = 0
+    start_cycles: int = 0
+    end_cycles: int = 0
+    waves: int = 0
+
+    @property
+    def virtual_seconds(self) -> float:
+        return (self.end_cycles - self.start_cycles) / CLOCK_HZ
+
+
+@dataclass
+class Launch:
+    """One queued launch; ``done`` once every wave ended."""
+
+    device: int
+    kernel: LoadedKernel
+    grid: int
+    block: int
+    kernargs: bytes
+    dynamic_lds: int
+    hold: dict[int, float]
+    stats: LaunchStats
+    done: bool = False
+    live: int = 0
+    kernarg_buf: np.ndarray | None = None
+    kernarg_base: int = 0
+    workgroups: list[Workgroup] = field(default_factory=list)
+
+
+@dataclass
+class RunStats:
+    instructions: int  # wave-instructions executed
+    seconds: float  # host wall time
+    virtual_seconds: float  # the latest clock of any wave, from the run's start
+    launches: list[LaunchStats] = field(default_factory=list)
+
+    @property
+    def instructions_per_second(self) -> float:
+        return self.instructions / self.seconds if self.seconds > 0 else 0.0
+
+
+class Machine:
+    """``devices`` emulated GPUs of ``arch`` sharing one ``Memory`` and one scheduler."""
+
+    def __init__(self, arch: str, devices: int = 4, *, seed: int = 0, shuffle: bool = False,
+                 memory: Memory | None = None) -> None:  # fmt: skip
+        if arch not in ("gfx942", "gfx950"):
+            raise ValueError(f"the emulator runs gfx942 and gfx950 code, not {arch}")
+        if devices < 1:
+            raise ValueError(f"devices must be at least 1, not {devices}")
+        self.arch = arch
+        self.devices = devices
+        self.memory = memory if memory is not None else Memory()
+        self.shuffle = shuffle
+        self.rng = np.random.default_rng(seed)
+        self.queues: list[list[Launch]] = [[] for _ in range(devices)]
+        self.now = 0  # cycles: the clock at which the next launch of an idle device starts
+        self.device_time = [0] * devices
+        self.ops: dict[str, Callable] = _lane_ops()  # the lane operations load binds
+
+    # ------------------------------------------------------------------ loading
+    def load(self, code_object: bytes, kernel: str | None = None) -> LoadedKernel:
+        co = CodeObject(code_object)
+        if co.arch != self.arch:
+            raise EmulatorError(f"the code object is for {co.arch}; this machine is {self.arch}")
+        dk = decode_kernel(co, kernel)
+        name = dk.kernel.name
+        desc = KernelDescriptor.parse(dk.kernel.descriptor)
+        try:
+            desc.initial_sgprs()
+        except ValueError as e:
+            raise EmulatorError(f"{name}: {e}", kernel=name) from None
+        for what, _, _ in desc.initial_sgprs():
+            if what not in ("kernarg_segment_ptr", "workgroup_id_x", "workgroup_id_y",
+                            "workgroup_id_z"):  # fmt: skip
+                raise EmulatorError(f"{name}: the dispatch register {what} is not supported",
+                                    kernel=name)  # fmt: skip
+        if desc.enable_private_segment or desc.private_segment_fixed_size:
+            raise EmulatorError(f"{name}: scratch (private segment) is not supported", kernel=name)
+        if desc.wavefront_size32:
+            raise EmulatorError(f"{name}: wave32 is not supported", kernel=name)
+        vregs = ((desc.rsrc1 & 0x3F) + 1) * 8  # gfx90a+: unified VGPR granules of 8
+        accum = desc.accum_offset
+        cfg = Config(self.arch, accum, vregs, self.ops, _mfma(), self.memory, name)
+        try:
+            prog = compile_kernel(cfg, dk)
+        except LoadError as e:
+            raise EmulatorError(f"{name}: {e}", kernel=name) from None
+        texts = [i.text() for i in dk.instructions] + ["<past the end>"]
+        return LoadedKernel(name, self.arch, dk, desc, prog, vregs, accum, texts)
+
+    # ------------------------------------------------------------------ launching
+    def launch(self, device: int, kernel: LoadedKernel, grid: int, block: int, kernargs: bytes,
+               *, dynamic_lds: int = 0, hold: dict[int, float] | None = None) -> Launch:  # fmt: skip
+        if not 0 <= device < self.devices:
+            raise ValueError(f"device {device} does not exist (this machine has {self.devices})")
+        if kernel.arch != self.arch:
+            raise ValueError(f"kernel {kernel.name} is for {kernel.arch}, not {self.arch}")
+        if grid < 1 or block < 1 or block > 1024:
+            raise ValueError(f"launch of {kernel.name}: grid {grid} and block {block} must be "
+                             "positive (block at most 1024)")  # fmt: skip
+        if len(kernargs) < kernel.descriptor.kernarg_size:
+            raise ValueError(
+                f"launch of {kernel.name}: {len(kernargs)} kernarg bytes, the kernel reads "
+                f"{kernel.descriptor.kernarg_size}"
+            )
+        hold = dict(hold or {})
+        for wg in hold:
+            if not 0 <= wg < grid:
+                raise ValueError(f"hold names workgroup {wg}, the grid has {grid}")
+        st = LaunchStats(device, kernel.name, grid, block)
+        ln = Launch(device, kernel, grid, block, bytes(kernargs), dynamic_lds, hold, st)
+        self.queues[device].append(ln)
+        return ln
+
+    # ------------------------------------------------------------------ running
+    def run(self, *, max_instructions: int | None = None) -> RunStats:
+        t0 = _time.perf_counter()
+        heap: list[tuple[int, float, int, Wave]] = []
+        seq = 0
+        active: dict[int, Launch | None] = {d: None for d in range(self.devices)}
+        wave_launch: dict[int, Launch] = {}
+        stats: list[LaunchStats] = []
+        start = min(self.device_time) if self.devices else 0
+        executed = 0
+        rng = self.rng
+
+        def push(w: Wave) -> None:
+            nonlocal seq
+            seq += 1
+            heapq.heappush(heap, (w.time, float(rng.random()), seq, w))
+
+        def start_next(dev: int, at: int) -> None:
+            while self.queues[dev]:
+                ln = self.queues[dev].pop(0)
+                waves = self._dispatch(ln, at)
+                stats.append(ln.stats)
+                if not waves:
+                    ln.done = True
+                    continue
+                active[dev] = ln
+                for w in waves:
+                    wave_launch[id(w)] = ln
+                    push(w)
+                return
+            active[dev] = None
+
+        for d in range(self.devices):
+            start_next(d, self.device_time[d])
+        limit = max_instructions
+        try:
+            while heap:
+                _, _, _, w = heapq.heappop(heap)
+                ln = wave_launch[id(w)]
+                q = int(rng.integers(1, 2 * QUANTUM)) if self.shuffle else QUANTUM
+                if limit is not None:
+                    q = max(1, min(q, limit - executed))
+                n = self._step(w, ln, q)
+                executed += n
+                ln.stats.instructions += n
+                blk = w.block
+                if blk is None:
+                    push(w)
+                elif blk == "barrier":
+                    self._arrive(w, push)
+                elif blk == "end":
+                    self._end(w, ln, push, start_next)
+                if limit is not None and executed >= limit and heap:
+                    raise EmulatorError(
+                        f"instruction limit {limit} reached with {len(heap)} waves still running"
+                        f" ({self._where(heap)})"
+                    )
+            stuck = [ln for ln in active.values() if ln is not None and not ln.done]
+            if stuck:
+                raise EmulatorError("deadlock: " + "; ".join(self._stuck(ln) for ln in stuck))
+        finally:
+            for ln in list(active.values()):
+                if ln is not None and ln.kernarg_base:
+                    self._release(ln)
+        end = max(self.device_time) if self.devices else 0
+        return RunStats(executed, _time.perf_counter() - t0, (end - start) / CLOCK_HZ, stats)
+
+    def _dispatch(self, ln: Launch, at: int) -> list[Wave]:
+        k = ln.kernel
+        buf = np.zeros(max(len(ln.kernargs), 16) + 64, dtype=np.uint8)
+        buf[: len(ln.kernargs)] = np.frombuffer(ln.kernargs, dtype=np.uint8)
+        base = int(buf.ctypes.data)
+        self.memory.map(base, buf, f"kernargs of {k.name}", ln.device)
+        ln.kernarg_buf, ln.kernarg_base = buf, base
+        ln.stats.start_cycles = at
+        lds = k.descriptor.group_segment_fixed_size + ln.dynamic_lds
+        nw = -(-ln.block // LANES)
+        sg = k.descriptor.initial_sgprs()
+        waves = []
+        for wg_id in range(ln.grid):
+            t = at + int(round(ln.hold.get(wg_id, 0.0) * CLOCK_HZ))
+            wg = Workgroup(wg_id, lds, ln)
+            ln.workgroups.append(wg)
+            for i in range(nw):
+                w = Wave(wg, i, k.vregs, k.accum, t)
+                for what, first, _n in sg:
+                    if what == "kernarg_segment_ptr":
+                        w.s[first], w.s[first + 1] = base & 0xFFFFFFFF, base >> 32
+                    elif what == "workgroup_id_x":
+                        w.s[first] = wg_id
+                    else:  # y / z of a one-dimensional launch
+                        w.s[first] = 0
+                lanes = min(LANES, ln.block - i * LANES)
+                w.v[0] = np.arange(i * LANES, i * LANES + LANES, dtype=np.uint32)
+                w.set_exec((1 << lanes) - 1)
+                wg.waves.append(w)
+                waves.append(w)
+        ln.live = len(waves)
+        ln.stats.waves = len(waves)
+        return waves
+
+    def _release(self, ln: Launch) -> None:
+        try:
+            self.memory.unmap(ln.kernarg_base)
+        except MemoryFault:
+            pass
+        ln.kernarg_base = 0
+
+    def _step(self, w: Wave, ln: Launch, q: int) -> int:
+        """Run ``w`` for up to ``q`` instructions; the number executed."""
+        prog = ln.kernel.program
+        steps = prog.steps
+        pc = w.pc
+        n = 0
+        w.block = None
+        try:
+            while n < q:
+                cur = pc
+                if w.npend:
+                    w.hazard(prog.reads_v[cur], prog.writes_v[cur], prog.reads_s[cur],
+                             prog.writes_s[cur])  # fmt: skip
+                w.time += CYCLES_PER_INSTRUCTION
+                pc = steps[cur](w)
+                n += 1
+                if pc < 0:
+                    pc = ~pc
+                    break
+        except (Fault, MemoryFault) as e:
+            raise self._error(w, ln, cur, str(e), getattr(e, "lane", None),
+                              getattr(e, "address", None)) from None  # fmt: skip
+        except EmulatorError:
+            raise
+        except Exception as e:  # a bug in an operation: still name where it happened
+            raise self._error(w, ln, cur, f"{type(e).__name__}: {e}", None, None) from e
+        w.pc = pc
+        w.icount += n
+        return n
+
+    def _error(self, w: Wave, ln: Launch, pc: int, why: str, lane, address) -> EmulatorError:
+        k = ln.kernel
+        insts = k.decoded.instructions
+        off = insts[pc].offset if pc < len(insts) else len(k.decoded.kernel.code)
+        text = k.texts[pc]
+        where = (f"{k.name} on device {ln.device}, workgroup {w.wg.id}, wave {w.index}, "
+                 f"offset 0x{off:x} ({text})")  # fmt: skip
+        return EmulatorError(f"{where}: {why}", kernel=k.name, device=ln.device,
+                             workgroup=w.wg.id, wave=w.index, offset=off, instruction=text,
+                             lane=lane, address=address)  # fmt: skip
+
+    def _arrive(self, w: Wave, push: Callable[[Wave], None]) -> None:
+        wg = w.wg
+        wg.arrived.append(w)
+        self._maybe_release(wg, push)
+
+    def _maybe_release(self, wg: Workgroup, push: Callable[[Wave], None]) -> None:
+        live = [x for x in wg.waves if x.block != "end"]
+        if wg.arrived and len(wg.arrived) == len(live):
+            t = max(x.time for x in wg.arrived)
+            for x in wg.arrived:
+                x.time = t
+                x.block = None
+                push(x)
+            wg.arrived = []
+
+    def _end(self, w: Wave, ln: Launch, push, start_next) -> None:
+        if w.npend or w.vmq or w.lgkmq:
+            w.wait(0, 0)  # s_endpgm lets outstanding accesses complete
+        self._maybe_release(w.wg, push)
+        ln.live -= 1
+        dev = ln.device
+        if w.time > self.device_time[dev]:
+            self.device_time[dev] = w.time
+        ln.stats.end_cycles = max(ln.stats.end_cycles, w.time)
+        if ln.live == 0:
+            ln.done = True
+            self._release(ln)
+            start_next(dev, self.device_time[dev])
+
+    def _where(self, heap) -> str:
+        parts = []
+        for _, _, _, w in sorted(heap, key=lambda e: e[0])[:4]:
+            ln = w.wg.launch
+            k = ln.kernel
+            off = k.decoded.instructions[w.pc].offset if w.pc < len(k.decoded.instructions) else -1
+            parts.append(f"device {ln.device} workgroup {w.wg.id} wave {w.index} at 0x{off:x}")
+        return ", ".join(parts)
+
+    def _stuck(self, ln: Launch) -> str:
+        k = ln.kernel
+        waiting = []
+        for wg in ln.workgroups:
+            for w in wg.arrived:
+                off = k.decoded.instructions[max(w.pc - 1, 0)].offset
+                waiting.append(f"workgroup {wg.id} wave {w.index} at s_barrier 0x{off:x}")
+        return (f"{k.name} on device {ln.device}: {ln.live} waves never finish: "
+                + ", ".join(waiting[:4]))  # fmt: skip
+
+
+def emulator_ops() -> Mapping[str, Callable]:
+    """The lane operations this build provides (for reports)."""
+    return _lane_ops()

@@ -1,0 +1,215 @@
+"""The state of one wave and of one workgroup, and the memory counters (``s_waitcnt``).
+
+Register files (CDNA3 ISA guide, "Program State" and "Data Sharing"; AMDGPU code object v6 on
+gfx90a and later): 102 SGPRs plus the special scalar registers, held in one list indexed by the
+scalar operand encoding itself (0-101 SGPRs, 102-103 FLAT_SCRATCH, 104-105 XNACK_MASK, 106-107
+VCC, 108-123 TTMP, 124 M0, 126-127 EXEC); the unified vector register file, one row of 64 lanes
+per register: ``v[i]`` is row ``i`` and ``a[i]`` row ``accum_offset + i`` (the kernel
+descriptor's ``compute_pgm_rsrc3.accum_offset``).
+
+Memory counters ("Data dependency resolution" / "S_WAITCNT" in the ISA guide): every vector
+memory instruction (load, store, atomic, cache control) increments VM_CNT and they retire in
+issue order; LDS instructions and scalar memory reads increment LGKM_CNT; LDS returns in order
+but scalar memory may return out of order, so ``s_waitcnt lgkmcnt(N)`` with scalar loads in
+flight guarantees only what the count forces. A load's data is read from memory when it
+executes and written to its destination registers when a wait retires it; reading (or
+overwriting) such a register before that is reported as the kernel's bug.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+
+LANES = 64
+EXEC_LO, EXEC_HI, VCC_LO, VCC_HI, M0 = 126, 127, 106, 107, 124
+_SHIFTS = np.arange(LANES, dtype=np.uint64)
+_ALL = np.ones(LANES, dtype=bool)
+_ALL.flags.writeable = False
+
+
+class Fault(Exception):
+    """Raised by an instruction; the machine adds kernel, device, workgroup, wave, offset and
+    instruction text."""
+
+    def __init__(self, message: str, *, lane: int | None = None, address: int | None = None):
+        super().__init__(message)
+        self.lane, self.address = lane, address
+
+
+_MASKS: dict[int, np.ndarray] = {}
+
+
+def mask_of(value: int) -> np.ndarray:
+    """The 64-lane bool mask of a 64-bit value (read-only, cached: masks repeat)."""
+    m = _MASKS.get(value)
+    if m is None:
+        if len(_MASKS) > 65536:
+            _MASKS.clear()
+        m = ((np.uint64(value) >> _SHIFTS) & np.uint64(1)).astype(bool)
+        m.flags.writeable = False
+        _MASKS[value] = m
+    return m
+
+
+def bits_of(mask: np.ndarray) -> int:
+    """The 64-bit value of a 64-lane bool mask."""
+    return int.from_bytes(np.packbits(mask, bitorder="little").tobytes(), "little")
+
+
+class Pending:
+    """A memory instruction in flight: ``kind`` "vm", "lds" or "smem"; ``apply`` writes its
+    destination when retired (None for stores and cache operations)."""
+
+    __slots__ = ("kind", "offset", "vrows", "srows", "apply", "time")
+
+    def __init__(self, kind: str, offset: int, vrows: tuple[int, ...], srows: tuple[int, ...],
+                 apply: Callable[[Wave], None] | None, time: int) -> None:  # fmt: skip
+        self.kind, self.offset, self.vrows, self.srows = kind, offset, vrows, srows
+        self.apply, self.time = apply, time
+
+
+# Cycles from issue until a wait can retire an access (a coarse latency model: it only decides
+# how far a waiting wave's virtual clock advances, never the values it sees).
+LATENCY = {"vm": 500, "lds": 64, "smem": 200}
+
+
+class Workgroup:
+    __slots__ = ("id", "lds", "waves", "arrived", "launch")
+
+    def __init__(self, wid: int, lds_bytes: int, launch: object) -> None:
+        self.id = wid
+        self.lds = np.zeros(lds_bytes, dtype=np.uint8)
+        self.waves: list[Wave] = []
+        self.arrived: list[Wave] = []
+        self.launch = launch
+
+
+class Wave:
+    __slots__ = ("s", "scc", "v", "exec_mask", "exec_all", "time", "pc", "vmq", "lgkmq",
+                 "pend_v", "pend_s", "npend", "wg", "index", "block", "icount", "seq",
+                 "accum")  # fmt: skip
+
+    def __init__(self, wg: Workgroup, index: int, vregs: int, accum: int, time: int) -> None:
+        self.s = [0] * 128
+        self.scc = 0
+        self.v = np.zeros((vregs, LANES), dtype=np.uint32)
+        self.exec_mask = _ALL
+        self.exec_all = True
+        self.time = time
+        self.pc = 0
+        self.vmq: deque[Pending] = deque()
+        self.lgkmq: deque[Pending] = deque()
+        self.pend_v: dict[int, Pending] = {}
+        self.pend_s: dict[int, Pending] = {}
+        self.npend = 0
+        self.wg = wg
+        self.index = index
+        self.block: str | None = None  # "barrier", "end" after a yielding instruction
+        self.icount = 0
+        self.seq = 0
+        self.accum = accum
+
+    # ------------------------------------------------------------------ EXEC
+    def set_exec(self, value: int) -> None:
+        self.s[EXEC_LO] = value & 0xFFFFFFFF
+        self.s[EXEC_HI] = value >> 32
+        self.sync_exec()
+
+    def sync_exec(self) -> None:
+        """Refresh the cached EXEC mask after anything wrote EXEC_LO/EXEC_HI."""
+        value = self.s[EXEC_LO] | self.s[EXEC_HI] << 32
+        self.exec_all = value == 0xFFFFFFFFFFFFFFFF
+        self.exec_mask = _ALL if self.exec_all else mask_of(value)
+
+    @property
+    def exec(self) -> int:
+        return self.s[EXEC_LO] | self.s[EXEC_HI] << 32
+
+    # ------------------------------------------------------------------ memory counters
+    def issue(self, p: Pending) -> None:
+        (self.vmq if p.kind == "vm" else self.lgkmq).append(p)
+        for r in p.vrows:
+            self.pend_v[r] = p
+        for r in p.srows:
+            self.pend_s[r] = p
+        self.npend = len(self.pend_v) + len(self.pend_s)
+
+    def _retire(self, p: Pending) -> None:
+        if p.apply is not None:
+            p.apply(self)
+        for r in p.vrows:
+            if self.pend_v.get(r) is p:
+                del self.pend_v[r]
+        for r in p.srows:
+            if self.pend_s.get(r) is p:
+                del self.pend_s[r]
+        t = p.time + LATENCY[p.kind]
+        if t > self.time:
+            self.time = t
+
+    def wait(self, vm: int, lgkm: int) -> bool:
+        """``s_waitcnt vmcnt(vm) lgkmcnt(lgkm)``; True when anything was outstanding."""
+        waited = False
+        q = self.vmq
+        while len(q) > vm:
+            self._retire(q.popleft())
+            waited = True
+        q = self.lgkmq
+        if len(q) > lgkm:
+            waited = True
+            if lgkm == 0:
+                while q:
+                    self._retire(q.popleft())
+            else:
+                # at least len(q) - lgkm completed; scalar loads may be any of them, LDS
+                # accesses complete in order: retire only the LDS prefix the count forces
+                smem = sum(1 for p in q if p.kind == "smem")
+                force = len(q) - lgkm - smem
+                if force > 0:
+                    keep: deque[Pending] = deque()
+                    for p in q:
+                        if p.kind == "lds" and force > 0:
+                            self._retire(p)
+                            force -= 1
+                        else:
+                            keep.append(p)
+                    self.lgkmq = keep
+        self.npend = len(self.pend_v) + len(self.pend_s)
+        return waited
+
+    def vname(self, row: int) -> str:
+        return f"v{row}" if row < self.accum else f"a{row - self.accum}"
+
+    def hazard(self, reads_v, writes_v, reads_s, writes_s) -> None:
+        """Raise when the instruction touches a register a load in flight will write."""
+        for rows, pend, what, name in (
+            (reads_v, self.pend_v, "read", self.vname),
+            (writes_v, self.pend_v, "write", self.vname),
+            (reads_s, self.pend_s, "read", _sname),
+            (writes_s, self.pend_s, "write", _sname),
+        ):
+            if not pend:
+                continue
+            for r in rows:
+                p = pend.get(r)
+                if p is not None:
+                    raise Fault(
+                        f"{what} of {name(r)} before s_waitcnt retired the load at "
+                        f"0x{p.offset:x} (a register a memory access in flight writes)"
+                    )
+
+
+_SPECIAL_NAMES = {102: "flat_scratch_lo", 103: "flat_scratch_hi", 104: "xnack_mask_lo",
+                  105: "xnack_mask_hi", 106: "vcc_lo", 107: "vcc_hi", 124: "m0",
+                  126: "exec_lo", 127: "exec_hi"}  # fmt: skip
+
+
+def _sname(i: int) -> str:
+    if i <= 101:
+        return f"s{i}"
+    if 108 <= i <= 123:
+        return f"ttmp{i - 108}"
+    return _SPECIAL_NAMES.get(i, f"scalar register {i}")
