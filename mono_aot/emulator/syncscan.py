@@ -210,7 +210,8 @@ def find_poll_loops(g: FlowGraph) -> tuple[list[PollLoop], list[Finding]]:
             load_scope(g.instructions[j]) if is_vmem_load(g.instructions[j]) else "agent"
             for j in polled
         ]
-        scope = max(scopes, key=_RANK.__getitem__)
+        # a poll waits for another workgroup: agent scope at least (a weaker load is a finding)
+        scope = max([*scopes, "agent"], key=_RANK.__getitem__)
         bounded = any(g.instructions[j].name == "s_memrealtime" for j in sl)
         pl = PollLoop(
             header,
