@@ -49,7 +49,11 @@ What is checked, per kernel:
   ``s_waitcnt vmcnt(0)``. Up to the first ``s_barrier`` behind
   the flag, the wave that stores the flag may use its own release; the writes before that
   barrier are the other waves' too, so a release must sit between them and the barrier (a
-  release that only the flag's wave executes after the barrier does not publish them).
+  release that only the flag's wave executes after the barrier does not publish them). The
+  walk ends at the barrier before that one: a flag publishes the data of its own barrier
+  interval (``push`` stores the mailbox blocks straight from the LDS tile, which the previous
+  workgroup barrier completed, then fences, meets and stores the flags); earlier writes are
+  not read through it.
 """
 
 from __future__ import annotations
@@ -336,6 +340,9 @@ def check_release(g: FlowGraph, fs: FlagStore) -> tuple[list[Finding], set[tuple
             inst = g.instructions[i]
             if inst.name == "s_barrier" and phase == 1:
                 phase, st, bar = 2, _NEED, inst.offset
+            elif inst.name == "s_barrier":
+                stop = True  # the interval before it holds no data this flag publishes
+                break
             elif is_vmcnt0(inst) and st == _NEED:
                 st, pending_wait = _NEED_WBL2, inst.offset
             elif is_release_wbl2(inst, "system") and st == _NEED_WBL2:

@@ -283,3 +283,15 @@ def test_agent_scope_writes_are_not_peer_flags():
     a = Asm().flat("global_store_dword", addr=2, data=5, sc1=True)  # agent store
     a.flat("global_atomic_swap", addr=2, data=5).sopp("s_endpgm")  # agent atomic
     assert scan(a.kernel()).flags == []
+
+
+@pytest.mark.parametrize("released", [True, False])
+def test_a_flag_publishes_its_own_barrier_interval_only(released):
+    """Writes before the barrier that precedes the flag's interval are not the flag's data."""
+    a = Asm().flat("global_store_dword", addr=2, data=9).sopp("s_barrier")  # an earlier phase
+    a.label("data").flat("global_store_dword", addr=2, data=5)
+    if released:
+        a.cache("buffer_wbl2", sc0=True, sc1=True).waitcnt_vm0()
+    a.sopp("s_barrier").flat("global_atomic_swap", addr=8, data=4, sc1=True).sopp("s_endpgm")
+    r = scan(a.kernel())
+    assert [f.at for f in r.findings] == ([] if released else [a.labels["data"]])
