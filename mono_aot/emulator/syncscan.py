@@ -2,10 +2,10 @@
 releases before peer flag stores.
 
 The instruction sequences are those of LLVM's memory model for these targets: AMDGPUUsage,
-section "Memory Model GFX942" (table "AMDHSA Memory Model Code Sequences GFX942"; the section
-was called "Memory Model GFX940" in LLVM before 18 and covers gfx950 as well, which the shipped
-gfx950 kernels confirm: the compiler emits the same sequences for both). On these targets the
-vector L1 and, between agents, the L2 are not coherent, so
+section "Memory Model GFX942" (table "AMDHSA Memory Model Code Sequences GFX942"; called
+"Memory Model GFX940" in older LLVM releases). gfx950 gets the same sequences: the shipped
+gfx950 kernels carry exactly these (``tests/kernels/test_sync_isa.py`` checks both archs). On
+these targets the vector L1 and, between agents, the L2 are not coherent, so
 
 * a monotonic (relaxed) atomic load is ``global_load`` with ``sc1`` at agent scope and
   ``sc0 sc1`` at system scope (it reads through the caches); a plain load has neither bit;
