@@ -62,8 +62,19 @@ class Need:
         return served_key(self.variant, self.layout, arch)
 
 
+def _shipped(layout: Layout) -> bool:
+    """Whether ``layout`` is the shipped layout of its name (built by name) or a spec of its own
+    (built from a spec file written for it)."""
+    from mono_aot.spec.layouts import resolve_layout
+
+    try:
+        return resolve_layout(layout.name).digest == layout.digest
+    except MonoError:
+        return False
+
+
 def needs(layout: Layout, short: Layout | None) -> list[Need]:
-    out = [Need(layout, v, True) for v in layout.variants()]
+    out = [Need(layout, v, _shipped(layout)) for v in layout.variants()]
     if short is not None:
         out += [Need(short, v, False) for v in short.variants()]
     return out
