@@ -59,8 +59,7 @@ def test_it_runs_the_paths_the_shipped_layout_runs():
     assert lay.variants() == ("narrow", "wide")
     assert lay.model.layers >= 2  # the layer loop and the all-reduce's layer parity
     assert lay.model.rotary_dim < lay.model.head_dim  # rotated and unrotated dims
-    # narrow serves 1..2 requests in a 16-token group: a launch of 8 masks half of it
-    assert lay.variant_reqs("narrow") == (1, 2) and lay.variant_tokens("narrow") == 16
+    assert lay.variant_reqs("narrow") == (1, 1) and lay.variant_reqs("wide") == (2, 5)
     for arch in lay.archs:
         gemv = projection_plans(lay, arch, "narrow")
         assert all(isinstance(p, GemvPlan) for p in gemv.values())
@@ -69,9 +68,9 @@ def test_it_runs_the_paths_the_shipped_layout_runs():
         assert min(p.passes for p in gemv.values()) > 1
         wide = projection_plans(lay, arch, "wide")
         assert all(isinstance(p, GemmPlan) for p in wide.values())
-        # the wide GEMM picks among token-tile versions at run time, the last one partial
+        # the wide GEMM picks among 3 token-tile versions at run time, the last one partial
         p = wide["qkv"]
-        assert (p.min_token_tiles, p.token_tiles) == (2, 3)
+        assert (p.min_token_tiles, p.token_tiles) == (1, 3)
         assert lay.variant_tokens("wide") % 16
     # gfx942 splits rows unevenly over its workgroups, gfx950 evenly
     assert lay.model.hidden % lay.ctas("gfx942") and not lay.model.hidden % lay.ctas("gfx950")
