@@ -51,7 +51,7 @@ def test_rendering_equals_the_compilers_listing(request, layout, variant, arch):
     assert all("<end of" not in (m.expected + m.got) for m in mismatches), said
     assert len(windows) <= 1 and all(b_ - a < MAX_WINDOW for a, b_ in windows), said
     insts = dk.instructions
-    assert len(insts) > 10_000
+    assert len(insts) > 9_000  # every kernel of both layouts has more
     # the instructions tile the kernel's code exactly
     assert insts[0].offset == 0
     assert all(a.offset + a.size == b_.offset for a, b_ in zip(insts, insts[1:], strict=False))
