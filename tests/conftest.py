@@ -32,23 +32,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 SHIPPED_CASES = [(v, a) for a in ("gfx942", "gfx950") for v in ("narrow", "wide")]
+SHIPPED_LAYOUT = "minimax-m3-dspark-tp4"
+# The emulator's small test layout (layouts/test/): what the emulator runs in CI.
+TINY_LAYOUT = "emulator-tiny-tp4"
 
 
-@pytest.fixture(scope="session")
-def shipped_compiles(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """The four shipped kernels (narrow and wide of the shipped layout, gfx942 and gfx950),
-    each compiled once per test session, two at a time, in the build's own worker subprocess:
-    ``{(variant, arch): CompileResult}``, the code object and FlyDSL's ISA listing of it. Shared
-    by the kernel and emulator tests, so the session compiles them once."""
+def _compile_four(layout_name: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """narrow and wide of ``layout_name`` for gfx942 and gfx950, two at a time, each in the
+    build's own worker subprocess: ``{(variant, arch): CompileResult}``."""
     from concurrent.futures import ThreadPoolExecutor
 
     from mono_aot.compiler.compile import compile_kernel
     from mono_aot.keys import real_provider
     from mono_aot.spec.layouts import resolve_layout
 
-    lay = resolve_layout("minimax-m3-dspark-tp4")
+    lay = resolve_layout(layout_name)
     prov = real_provider()
-    root = tmp_path_factory.mktemp("shipped-compiles")
+    root = tmp_path_factory.mktemp(f"{layout_name}-compiles")
 
     def one(job: tuple[str, str]):
         variant, arch = job
@@ -56,3 +56,19 @@ def shipped_compiles(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         return dict(pool.map(one, SHIPPED_CASES))
+
+
+@pytest.fixture(scope="session")
+def shipped_compiles(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The four shipped kernels (narrow and wide of the shipped layout, gfx942 and gfx950),
+    each compiled once per test session: ``{(variant, arch): CompileResult}``, the code object
+    and FlyDSL's ISA listing of it. Shared by the kernel and emulator tests, so the session
+    compiles them once."""
+    return _compile_four(SHIPPED_LAYOUT, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def tiny_compiles(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The same for the emulator's small layout (``layouts/test/emulator-tiny-tp4.toml``):
+    compiled once per session, only when a test asks for it."""
+    return _compile_four(TINY_LAYOUT, tmp_path_factory)

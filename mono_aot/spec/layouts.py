@@ -383,19 +383,35 @@ def shipped_layout_dir() -> Path:
     return package / "_layouts"
 
 
+# Specs kept for tests (the emulator's small layout), in a folder of their own: the shipped
+# layouts are ``*.toml`` directly in the layout directory, and every default ("every shipped
+# layout" in build, pack and coverage; "the one shipped layout" in selftest, bench and the vLLM
+# hook) reads only those. A test layout is resolved by name like a shipped one.
+TEST_LAYOUT_DIR = "test"
+
+
 def shipped_layout_paths() -> list[Path]:
     return sorted(shipped_layout_dir().glob("*.toml"))
 
 
+def layout_paths_for_tests() -> list[Path]:
+    """The test layouts (``layouts/test/*.toml``): buildable specs no default selects."""
+    return sorted((shipped_layout_dir() / TEST_LAYOUT_DIR).glob("*.toml"))
+
+
 def resolve_layout(name_or_path: str) -> Layout:
-    """A shipped layout by name, or any spec by path (anything with ``/`` or ``.toml``)."""
+    """A shipped or test layout by name, or any spec by path (anything with ``/`` or ``.toml``)."""
     if "/" in name_or_path or name_or_path.endswith(".toml"):
         return load_layout(name_or_path)
-    path = shipped_layout_dir() / f"{name_or_path}.toml"
-    if not path.is_file():
-        known = ", ".join(p.stem for p in shipped_layout_paths()) or "none"
-        raise LayoutError([f"layout {name_or_path!r}: no such shipped layout (shipped: {known})"])
-    return load_layout(path)
+    for folder in (shipped_layout_dir(), shipped_layout_dir() / TEST_LAYOUT_DIR):
+        path = folder / f"{name_or_path}.toml"
+        if path.is_file():
+            return load_layout(path)
+    known = ", ".join(p.stem for p in shipped_layout_paths()) or "none"
+    tests = ", ".join(p.stem for p in layout_paths_for_tests()) or "none"
+    raise LayoutError(
+        [f"layout {name_or_path!r}: no such shipped layout (shipped: {known}; for tests: {tests})"]
+    )
 
 
 def shipped_layouts() -> list[Layout]:
@@ -412,6 +428,7 @@ __all__ = [
     "Layout",
     "Variant",
     "json_schema",
+    "layout_paths_for_tests",
     "load_layout",
     "parse_layout",
     "resolve_layout",

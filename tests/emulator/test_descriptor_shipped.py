@@ -1,5 +1,6 @@
-"""The kernel descriptors of the shipped kernels, read from the bytes, against the
-``.amdhsa_kernel`` block of the same compile's listing and the code object's metadata note."""
+"""The kernel descriptors of the shipped kernels and the small layout's, read from the bytes,
+against the ``.amdhsa_kernel`` block of the same compile's listing and the code object's
+metadata note."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 from mono_aot.emulator.descriptor import KernelDescriptor
 from mono_aot.emulator.elf import CodeObject
-from tests.emulator.conftest import CASES
+from tests.emulator.conftest import LAYOUT_CASES, compiled
 
 pytestmark = pytest.mark.slow
 
@@ -19,9 +20,9 @@ def _directives(isa: str) -> dict[str, int]:
     return {m[0]: int(m[1]) for m in re.findall(r"\.amdhsa_(\w+) (\d+)", block)}
 
 
-@pytest.mark.parametrize(("variant", "arch"), CASES)
-def test_descriptor_fields_equal_the_listing(shipped, variant, arch):
-    b = shipped[(variant, arch)]
+@pytest.mark.parametrize(("layout", "variant", "arch"), LAYOUT_CASES)
+def test_descriptor_fields_equal_the_listing(request, layout, variant, arch):
+    b = compiled(request, layout)[(variant, arch)]
     co = CodeObject(b.code_object)
     kd = KernelDescriptor.parse(co.kernel(f"mono_drafter_{variant}_0").descriptor)
     d = _directives(b.isa)
