@@ -590,9 +590,10 @@ class Compiler:
         clamp = bool(mods.get("clamp"))
         f = inst.fields
         dst_word = 0
-        old_dst = kind == "mac"
+        # a 16-bit result (the opsel_dst opcodes) keeps the destination's other half
+        old_dst = kind == "mac" or inst.op.opsel_dst
         if inst.op.opsel_dst and fmt == "VOP3" and f.get("op_sel", 0) >> 3 & 1:
-            dst_word, old_dst = 1, True
+            dst_word = 1
         rv, wv, rs, ws = self._regs(
             inst, tuple(roles[i] for i in src_idx), ("vdst", "sdst", "vcc_out")
         )
