@@ -43,6 +43,15 @@ CHECK_NAMES = ("narrow", "wide", "multi-launch", "dead-rank")
     help="Run only these checks (repeatable; default: all).",
 )
 @click.option(
+    "--requests",
+    "requests",
+    multiple=True,
+    type=click.IntRange(1),
+    metavar="N",
+    help="The narrow and wide checks run only these request counts (repeatable; default: "
+    "every count the variant serves).",
+)
+@click.option(
     "--seed",
     type=int,
     default=0,
@@ -65,6 +74,7 @@ def emulate(
     layout_name: str,
     arch: str | None,
     checks: tuple[str, ...],
+    requests: tuple[int, ...],
     seed: int,
     shuffle: bool,
     provider: str | None,
@@ -85,7 +95,14 @@ def emulate(
     log = (lambda s: None) if as_json else (lambda s: click.echo(s, err=True))
     replace = _provider_kernels(provider, layout, arch) if provider else None
     results, totals = run_emulation(
-        layout, arch, checks or CHECKS, seed=seed, shuffle=shuffle, log=log, replace=replace
+        layout,
+        arch,
+        checks or CHECKS,
+        seed=seed,
+        shuffle=shuffle,
+        log=log,
+        replace=replace,
+        requests=requests,
     )
     ok = all(r.ok for r in results)
     if as_json:

@@ -427,9 +427,21 @@ def _summary(name: str, cases: list[dict[str, Any]], t0: float) -> CheckResult:
     return CheckResult(name, ok, detail, time.perf_counter() - t0, cases)
 
 
-def _variant_check(s: Session, variant: Variant) -> CheckResult:
+def _variant_check(s: Session, variant: Variant, only: Sequence[int] = ()) -> CheckResult:
+    """Every request count ``variant`` serves, or those of ``only`` (which it must serve)."""
     t0 = time.perf_counter()
-    return _summary(variant, s.run_counts(request_counts(s.layout, variant), variant), t0)
+    counts = request_counts(s.layout, variant)
+    if only:
+        wrong = [n for n in only if n not in counts]
+        if wrong:
+            raise BadInput(
+                f"{variant} launches serve {counts[0]}..{counts[-1]} requests, not "
+                f"{', '.join(map(str, wrong))}",
+                field="requests",
+                value=",".join(map(str, wrong)),
+            )
+        counts = [n for n in counts if n in only]
+    return _summary(variant, s.run_counts(counts, variant), t0)
 
 
 def _multi_launch_check(s: Session) -> CheckResult:

@@ -471,13 +471,17 @@ def run_emulation(
     log: Callable[[str], None] = lambda s: None,
     env: dict[str, str] | None = None,
     replace: dict[str, bytes] | None = None,
+    requests: Sequence[int] = (),
 ) -> tuple[list[CheckResult], Totals]:
-    """The ``checks`` on ``tp`` emulated devices of ``arch``; their verdicts and the totals."""
+    """The ``checks`` on ``tp`` emulated devices of ``arch``; their verdicts and the totals.
+    ``requests``: the narrow and wide checks run only these request counts (each served by the
+    variant checked)."""
     from mono_aot.selftest import (
         _dead_rank_check,
         _multi_launch_check,
         _variant_check,
         multi_launch_counts,
+        request_counts,
     )
 
     unknown = [c for c in checks if c not in CHECKS]
@@ -490,6 +494,14 @@ def run_emulation(
             value=arch,
         )
     check_size(layout, arch)
+    served = {n for v in layout.variants() for n in request_counts(layout, v)}
+    unserved = [n for n in requests if n not in served]
+    if unserved:
+        raise BadInput(
+            f"layout {layout.name}'s launches serve {min(served)}..{max(served)} requests",
+            field="requests",
+            value=",".join(map(str, unserved)),
+        )
     wanted = [c for c in CHECKS if c in checks]
     wanted = [c for c in wanted if c != "narrow" or "narrow" in layout.variants()]
     biggest = max(
@@ -513,7 +525,10 @@ def run_emulation(
             t0 = time.perf_counter()
             try:
                 if c in ("narrow", "wide"):
-                    results.append(_variant_check(s, c))  # type: ignore[arg-type]
+                    only = [n for n in requests if n in request_counts(layout, c)]  # type: ignore[arg-type]
+                    if requests and not only:
+                        continue  # none of the counts asked for is this variant's
+                    results.append(_variant_check(s, c, only))  # type: ignore[arg-type]
                 elif c == "multi-launch":
                     results.append(_multi_launch_check(s))
                 else:

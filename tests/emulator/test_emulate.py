@@ -1,8 +1,8 @@
 """``mono-aot emulate`` end to end: the small layout's stored code objects on 4 emulated ranks,
 bound by the runtime's runner, judged by the selftest's verdicts against the float64 reference
 (``mono_aot/selftest/emulated.py``); and the wrong-index provider's build of the same kernels
-(``tests/emulator/wrong_index.py``) fails the same check. Slow: one narrow launch is tens of
-millions of wave-instructions."""
+(``tests/emulator/wrong_index.py``) fails the same check. Slow: the narrow step is about 20
+million wave-instructions, a wide step of 2 requests about 7 million."""
 
 from __future__ import annotations
 
@@ -49,11 +49,15 @@ def emulate(tmp_path: Path, stores: list[Path], *args: str) -> tuple[int, dict, 
     return p.returncode, doc, p.stderr
 
 
-def test_narrow_passes_against_the_reference(tmp_path, tiny_store):
-    code, doc, err = emulate(tmp_path, [tiny_store], "--check", "narrow")
+@pytest.mark.parametrize(
+    ("variant", "requests"), [("narrow", "1"), ("wide", "2")], ids=["narrow", "wide"]
+)
+def test_a_step_passes_against_the_reference(tmp_path, tiny_store, variant, requests):
+    """The narrow step (the VALU GEMV) and a wide step of 2 requests (the MFMA GEMM)."""
+    code, doc, err = emulate(tmp_path, [tiny_store], "--check", variant, "--requests", requests)
     assert code == 0, err + json.dumps(doc, indent=1)
     (check,) = doc["checks"]
-    assert check["check"] == "narrow" and check["ok"]
+    assert check["check"] == variant and check["ok"]
     (case,) = check["cases"]
     assert case["max_rel_error"] <= TOLERANCE and case["kv_bad_bytes"] == 0
     assert case["health"] == ["ok"] * 4
@@ -62,7 +66,7 @@ def test_narrow_passes_against_the_reference(tmp_path, tiny_store):
 
 def test_the_wrong_index_kernels_fail_the_same_check(tmp_path, tiny_store, wrong_index_build):
     code, doc, err = emulate(
-        tmp_path, [tiny_store, wrong_index_build.store], "--check", "narrow",
+        tmp_path, [tiny_store, wrong_index_build.store], "--check", "wide", "--requests", "2",
         "--provider", f"{PROVIDER_DIR}:{PROVIDER_MODULE}",
     )  # fmt: skip
     assert code == 1, err

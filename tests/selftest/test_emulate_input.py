@@ -1,6 +1,6 @@
 """``mono-aot emulate`` refuses what it cannot run before any work: a layout too large to
 emulate (the shipped one: 304 workgroups of 8 waves per device), an arch the layout does not
-target, an unknown check. One ``mono-aot:`` line naming the option, exit 2."""
+target, an unknown check, a request count no launch serves. One ``mono-aot:`` line naming the option, exit 2."""
 
 from __future__ import annotations
 
@@ -30,6 +30,10 @@ def run(*args: str) -> subprocess.CompletedProcess:
             "mono-aot: --arch gfx90a: layout minimax-m3-dspark-tp4 targets gfx942, gfx950",
         ),
         (["--check", "graph-replay"], "mono-aot: emulate: Invalid value for '--check'"),
+        (
+            ["--requests", "9"],
+            "mono-aot: --requests 9: layout emulator-tiny-tp4's launches serve 1..5 requests",
+        ),
     ],
 )
 def test_refusals_are_one_line_and_exit_2(args, expect):
