@@ -147,10 +147,30 @@ def fma_odd64(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
         return np.where(nudge, np.nextafter(s, toward), s)
 
 
+_LOW29 = np.uint64((1 << 29) - 1)  # the binary64 fraction bits below binary32's precision
+_MID29 = np.uint64(1 << 28)  # ... of a binary32 midpoint (normal range and the overflow bound)
+_NOSIGN = np.uint64((1 << 63) - 1)
+_F32_NORMAL = np.uint64(897 << 52)  # 2**-126 as binary64 bits: below it, binary32 subnormals
+_ONE = np.uint64(1)
+
+
 def fma_f32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """``a * b + c`` of float32 arrays rounded once (round to nearest even), as float32."""
+    """``a * b + c`` of float32 arrays rounded once (round to nearest even), as float32.
+
+    Fast path: ``s = fl64(a * b + c)`` (the product is exact, see ``fma_odd64``) rounds to the
+    same binary32 value as the exact sum unless ``s`` is itself a binary32 midpoint: every
+    midpoint is a binary64 number, so one strictly between the exact sum and ``s`` would be
+    nearer the sum than ``s`` is. Lanes where ``s`` sits on a midpoint (its 29 low fraction bits
+    ``1000...0``; this includes the overflow bound) or in binary32's subnormal range (coarser
+    midpoints) take ``fma_odd64``'s round-to-odd path, which is exact everywhere."""
+    a = np.asarray(a, dtype=np.float32)
     with np.errstate(all="ignore"):
-        return fma_odd64(a, b, c).astype(np.float32)
+        s = a.astype(np.float64) * np.asarray(b, dtype=np.float32) + np.asarray(c, np.float32)
+        u = s.view(np.uint64) & _NOSIGN
+        risky = ((u & _LOW29) == _MID29) | ((u - _ONE) < _F32_NORMAL)  # 0 wraps: not risky
+        if risky.any():
+            return fma_odd64(a, b, c).astype(np.float32)
+        return s.astype(np.float32)
 
 
 # ------------------------------------------------------------------------------ f32 min/max
@@ -610,11 +630,8 @@ def _pk(fn: Callable[..., np.ndarray]) -> LaneOp:
         for s in srcs:
             if s.shape != (64, 2):
                 raise ValueError(f"a packed-f32 source must have shape (64, 2), not {s.shape}")
-        with np.errstate(all="ignore"):
-            cols = [
-                _bits_f32(fn(*(_f32(np.ascontiguousarray(s[:, k])) for s in srcs))) for k in (0, 1)
-            ]
-        return np.stack(cols, 1)
+        with np.errstate(all="ignore"):  # both columns at once: fn is elementwise
+            return _bits_f32(fn(*(_f32(s) for s in srcs)))
 
     return op
 
