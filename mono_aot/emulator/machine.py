@@ -344,13 +344,15 @@ class Machine:
         """Run ``w`` for up to ``q`` instructions; the number executed."""
         prog = ln.kernel.program
         steps = prog.steps
+        touch_v, touch_s = prog.touch_v, prog.touch_s
         pc = w.pc
         n = 0
         w.block = None
         try:
             while n < q:
                 cur = pc
-                if w.npend:
+                if w.npend and not (touch_v[cur].isdisjoint(w.pend_v)
+                                    and touch_s[cur].isdisjoint(w.pend_s)):  # fmt: skip
                     w.hazard(prog.reads_v[cur], prog.writes_v[cur], prog.reads_s[cur],
                              prog.writes_s[cur])  # fmt: skip
                 w.time += CYCLES_PER_INSTRUCTION

@@ -88,6 +88,10 @@ class Compiled:
         self.writes_v: list[tuple[int, ...]] = []
         self.reads_s: list[tuple[int, ...]] = []
         self.writes_s: list[tuple[int, ...]] = []
+        # per instruction, every vector / scalar register it reads or writes (the scheduler's
+        # quick test before ``Wave.hazard`` names the offending one)
+        self.touch_v: list[frozenset[int]] = []
+        self.touch_s: list[frozenset[int]] = []
         self.missing: dict[str, int] = {}  # lane operation not available -> uses
         self.counts: dict[str, int] = {}
 
@@ -300,6 +304,8 @@ class Compiler:
         o.steps.append(_off_the_end)
         for lst in (o.reads_v, o.writes_v, o.reads_s, o.writes_s):
             lst.append(())
+        o.touch_v = [frozenset(r + w) for r, w in zip(o.reads_v, o.writes_v, strict=True)]
+        o.touch_s = [frozenset(r + w) for r, w in zip(o.reads_s, o.writes_s, strict=True)]
         return o
 
     def _regs(self, inst: Instruction, reads: tuple[str, ...], writes: tuple[str, ...],
@@ -643,6 +649,8 @@ class Compiler:
         need_ctx = mread is not None or dold is not None
         fclamp = clamp and float_dst
         nsrc = len(fetch)
+        if not (need_ctx or fclamp or sdwa_dst or cmpx) and dwr is not None and sdw is None:
+            return self._plain_valu(op, base_ctx, fetch, dwr, nxt), rv, wv, rs, ws
 
         def step(w):
             args = [fch(w) for fch in fetch] if nsrc != 2 else [fetch[0](w), fetch[1](w)]
@@ -674,6 +682,59 @@ class Compiler:
             return nxt
 
         return step, rv, wv, rs, ws
+
+    @staticmethod
+    def _plain_valu(op, ctx, fetch, dwr, nxt: int) -> Step:
+        """The common VALU instruction (no mask input, old destination, clamp, SDWA destination
+        or mask result) as one closure per source count: the same steps as the general one."""
+
+        def unpack(res):
+            return res[0] if type(res) is tuple else res
+
+        if len(fetch) == 1:
+            (f0,) = fetch
+
+            def step1(w):
+                res = op(ctx, f0(w))
+                if type(res) is tuple:
+                    res = res[0]
+                if res is not None:
+                    dwr(w, res)
+                return nxt
+
+            return step1
+        if len(fetch) == 2:
+            f0, f1 = fetch
+
+            def step2(w):
+                res = op(ctx, f0(w), f1(w))
+                if type(res) is tuple:
+                    res = res[0]
+                if res is not None:
+                    dwr(w, res)
+                return nxt
+
+            return step2
+        if len(fetch) == 3:
+            f0, f1, f2 = fetch
+
+            def step3(w):
+                res = op(ctx, f0(w), f1(w), f2(w))
+                if type(res) is tuple:
+                    res = res[0]
+                if res is not None:
+                    dwr(w, res)
+                return nxt
+
+            return step3
+
+        def stepn(w):
+            res = unpack(op(ctx, *[f(w) for f in fetch]))
+            if res is not None:
+                dwr(w, res)
+            return nxt
+
+        return stepn
 
     def vsource(self, inst: Instruction, k: int, o: Operand) -> Callable[[Wave], np.ndarray]:
         """Fetch source ``k`` with the encoding's selects and modifiers applied."""

@@ -162,15 +162,24 @@ def fma_f32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     midpoint is a binary64 number, so one strictly between the exact sum and ``s`` would be
     nearer the sum than ``s`` is. Lanes where ``s`` sits on a midpoint (its 29 low fraction bits
     ``1000...0``; this includes the overflow bound) or in binary32's subnormal range (coarser
-    midpoints) take ``fma_odd64``'s round-to-odd path, which is exact everywhere."""
-    a = np.asarray(a, dtype=np.float32)
+    midpoints) are recomputed by ``fma_odd64``'s round-to-odd path, which is exact everywhere."""
     with np.errstate(all="ignore"):
-        s = a.astype(np.float64) * np.asarray(b, dtype=np.float32) + np.asarray(c, np.float32)
-        u = s.view(np.uint64) & _NOSIGN
-        risky = ((u & _LOW29) == _MID29) | ((u - _ONE) < _F32_NORMAL)  # 0 wraps: not risky
-        if risky.any():
-            return fma_odd64(a, b, c).astype(np.float32)
-        return s.astype(np.float32)
+        return _fma_f32(a, b, c)
+
+
+def _fma_f32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """``fma_f32`` for callers that already ignore FP warnings (the operation wrappers)."""
+    a = np.asarray(a, dtype=np.float32)
+    s = a.astype(np.float64) * np.asarray(b, dtype=np.float32) + np.asarray(c, np.float32)
+    u = s.view(np.uint64) & _NOSIGN
+    risky = ((u & _LOW29) == _MID29) | ((u - _ONE) < _F32_NORMAL)  # 0 wraps: not risky
+    out = s.astype(np.float32)
+    if risky.any():
+        k = np.flatnonzero(risky.ravel())
+        a_, b_, c_ = (np.broadcast_to(np.asarray(x, np.float32), s.shape).ravel()[k]
+                      for x in (a, b, c))  # fmt: skip
+        out.ravel()[k] = fma_odd64(a_, b_, c_).astype(np.float32)
+    return out
 
 
 # ------------------------------------------------------------------------------ f32 min/max
@@ -737,7 +746,7 @@ def _build() -> dict[str, LaneOp]:
         "v_sub_f32": _fop(lambda a, b: a - b),
         "v_subrev_f32": _fop(lambda a, b: b - a),
         "v_mul_f32": _fop(lambda a, b: a * b),
-        "v_fma_f32": _fop(fma_f32),
+        "v_fma_f32": _fop(_fma_f32),
         "v_fmac_f32": _fmac,
         "v_max_f32": lambda ctx, a, b: max_f32(a, b),
         "v_min_f32": lambda ctx, a, b: min_f32(a, b),
@@ -753,7 +762,7 @@ def _build() -> dict[str, LaneOp]:
         # packed f32 (VOP3P)
         "v_pk_add_f32": _pk(lambda a, b: a + b),
         "v_pk_mul_f32": _pk(lambda a, b: a * b),
-        "v_pk_fma_f32": _pk(fma_f32),
+        "v_pk_fma_f32": _pk(_fma_f32),
         "v_pk_mov_b32": _pk_mov,
     }
     t.update(_compares())
