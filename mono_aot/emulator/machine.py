@@ -26,6 +26,7 @@ operations (buffer_wbl2, buffer_inv, s_dcache_*) only count.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import importlib
 import time as _time
@@ -234,6 +235,16 @@ class Machine:
 
     # ------------------------------------------------------------------ running
     def run(self, *, max_instructions: int | None = None) -> RunStats:
+        # the run allocates many short-lived objects (closures of retiring loads, lane arrays);
+        # without this every collection would also walk the host program's long-lived objects
+        # (torch, the session's tensors): 10-15% of the run. ``gc.unfreeze`` restores them.
+        gc.freeze()
+        try:
+            return self._run(max_instructions)
+        finally:
+            gc.unfreeze()
+
+    def _run(self, max_instructions: int | None) -> RunStats:
         t0 = _time.perf_counter()
         heap: list[tuple[int, float, int, Wave]] = []
         seq = 0

@@ -801,6 +801,13 @@ class Compiler:
             return lambda w: arr
         if (lo_sel, hi_sel, nlo, nhi) == (0, 1, 0, 0):
             return fetch
+        if lo_sel == hi_sel and not (nlo or nhi) and o.kind in ("v", "a"):
+            row = self.vrow(o) + lo_sel  # one dword in both columns
+
+            def dup(w):
+                return np.repeat(w.v[row], 2).reshape(LANES, 2)
+
+            return dup
 
         def sel(w):
             x = fetch(w)

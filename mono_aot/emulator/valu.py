@@ -97,6 +97,8 @@ def _sat_u(v: np.ndarray, bits: int, ctx: OpContext) -> np.ndarray:
 
 
 def _f32(x: Lanes) -> np.ndarray:
+    if type(x) is np.ndarray and x.dtype == np.uint32:
+        return x.view(np.float32)  # same item size: a view whatever the strides
     return as_f32(np.ascontiguousarray(x, dtype=np.uint32))
 
 
@@ -147,11 +149,14 @@ def fma_odd64(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
         return np.where(nudge, np.nextafter(s, toward), s)
 
 
-_LOW29 = np.uint64((1 << 29) - 1)  # the binary64 fraction bits below binary32's precision
-_MID29 = np.uint64(1 << 28)  # ... of a binary32 midpoint (normal range and the overflow bound)
-_NOSIGN = np.uint64((1 << 63) - 1)
-_F32_NORMAL = np.uint64(897 << 52)  # 2**-126 as binary64 bits: below it, binary32 subnormals
+# binary64 bits: the 29 fraction bits below binary32's precision, shifted to the top, are
+# 1000...0 on a binary32 midpoint (normal range and the overflow bound); 2**-126 (below it,
+# binary32 subnormals) is 897 << 52, shifted left once to drop the sign
+_SH35 = np.uint64(35)
+_TOP = np.uint64(1 << 63)
+_F32_NORMAL2 = np.uint64(897 << 53)
 _ONE = np.uint64(1)
+_TWO = np.uint64(2)
 
 
 def fma_f32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -170,11 +175,14 @@ def fma_f32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
 def _fma_f32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     """``fma_f32`` for callers that already ignore FP warnings (the operation wrappers)."""
     a = np.asarray(a, dtype=np.float32)
-    s = a.astype(np.float64) * np.asarray(b, dtype=np.float32) + np.asarray(c, np.float32)
-    u = s.view(np.uint64) & _NOSIGN
-    risky = ((u & _LOW29) == _MID29) | ((u - _ONE) < _F32_NORMAL)  # 0 wraps: not risky
+    s = a.astype(np.float64)
+    s *= np.asarray(b, dtype=np.float32)
+    s += np.asarray(c, dtype=np.float32)
+    u = s.view(np.uint64)
+    risky = (u << _SH35) == _TOP  # the 29 low fraction bits are 1000...0
+    risky |= ((u << _ONE) - _TWO) < _F32_NORMAL2  # 0 < |s| < 2**-126 (sign shifted out; 0 wraps)
     out = s.astype(np.float32)
-    if risky.any():
+    if np.count_nonzero(risky):
         k = np.flatnonzero(risky.ravel())
         a_, b_, c_ = (np.broadcast_to(np.asarray(x, np.float32), s.shape).ravel()[k]
                       for x in (a, b, c))  # fmt: skip
