@@ -356,12 +356,22 @@ class Machine:
         prog = ln.kernel.program
         steps = prog.steps
         touch_v, touch_s = prog.touch_v, prog.touch_s
+        blocks = prog.blocks
         pc = w.pc
         n = 0
         w.block = None
         try:
             while n < q:
                 cur = pc
+                b = blocks[cur]
+                if b is not None and n + b.size <= q and (
+                    not w.npend
+                    or (b.touch_v.isdisjoint(w.pend_v) and b.touch_s.isdisjoint(w.pend_s))
+                ):  # a run of plain VALU instructions as one step (fuse.py)
+                    w.time += CYCLES_PER_INSTRUCTION * b.size
+                    pc = b.run(w)
+                    n += b.size
+                    continue
                 if w.npend and not (touch_v[cur].isdisjoint(w.pend_v)
                                     and touch_s[cur].isdisjoint(w.pend_s)):  # fmt: skip
                     w.hazard(prog.reads_v[cur], prog.writes_v[cur], prog.reads_s[cur],

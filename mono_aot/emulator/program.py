@@ -43,6 +43,7 @@ import numpy as np
 
 from mono_aot.emulator import scalar as S
 from mono_aot.emulator.decode import DecodedKernel, Instruction, Operand
+from mono_aot.emulator.fuse import fuse_blocks
 from mono_aot.emulator.lanes import OpContext
 from mono_aot.emulator.wave import (
     EXEC_HI,
@@ -90,6 +91,12 @@ class Compiled:
         self.writes_s: list[tuple[int, ...]] = []
         # per instruction, every vector / scalar register it reads or writes (the scheduler's
         # quick test before ``Wave.hazard`` names the offending one)
+        # per instruction: None, or for a "plain" VALU instruction (writes one vector
+        # destination under EXEC and nothing else, never yields) a tuple (packed, ...) where
+        # packed is None or, for a packed-f32 elementwise operation on VGPR sources,
+        # (fn, source rows ((lo, hi) per source), destination rows (lo, hi)) (``fuse.py``)
+        self.plain: list[tuple | None] = []
+        self.blocks: list = []  # fuse.Block | None per instruction
         self.touch_v: list[frozenset[int]] = []
         self.touch_s: list[frozenset[int]] = []
         self.missing: dict[str, int] = {}  # lane operation not available -> uses
@@ -290,12 +297,14 @@ class Compiler:
     def compile(self) -> Compiled:
         for inst in self.dk.instructions:
             nxt = self.index.get(inst.offset + inst.size, len(self.dk.instructions))
+            self.meta = None
             try:
                 step, rv, wv, rs, ws = self.one(inst, nxt)
             except LoadError as e:
                 raise LoadError(f"0x{inst.offset:x}: {inst.text()}: {e}") from None
             o = self.out
             o.steps.append(step)
+            o.plain.append(self.meta)
             o.reads_v.append(rv)
             o.writes_v.append(wv)
             o.reads_s.append(rs)
@@ -304,8 +313,10 @@ class Compiler:
         o.steps.append(_off_the_end)
         for lst in (o.reads_v, o.writes_v, o.reads_s, o.writes_s):
             lst.append(())
+        o.plain.append(None)
         o.touch_v = [frozenset(r + w) for r, w in zip(o.reads_v, o.writes_v, strict=True)]
         o.touch_s = [frozenset(r + w) for r, w in zip(o.reads_s, o.writes_s, strict=True)]
+        o.blocks = fuse_blocks(o)
         return o
 
     def _regs(self, inst: Instruction, reads: tuple[str, ...], writes: tuple[str, ...],
@@ -650,6 +661,7 @@ class Compiler:
         fclamp = clamp and float_dst
         nsrc = len(fetch)
         if not (need_ctx or fclamp or sdwa_dst or cmpx) and dwr is not None and sdw is None:
+            self.meta = (self._packed(inst, srcs, dst, op),)
             return self._plain_valu(op, base_ctx, fetch, dwr, nxt), rv, wv, rs, ws
 
         def step(w):
@@ -682,6 +694,25 @@ class Compiler:
             return nxt
 
         return step, rv, wv, rs, ws
+
+    def _packed(self, inst: Instruction, srcs: list[Operand], dst: Operand, op) -> tuple | None:
+        """(fn, source rows, destination rows) of a packed-f32 instruction whose operation is
+        elementwise (``valu._pk`` says so) on VGPR/AGPR sources without neg: several such
+        instructions may run as one (``fuse.py``); None for any other."""
+        fn = getattr(op, "elementwise_f32", None)
+        f = inst.fields
+        if fn is None or inst.fmt != "VOP3P" or f.get("neg_lo") or f.get("neg_hi"):
+            return None
+        if f.get("clamp") or dst.width != 2:
+            return None
+        rows = []
+        for k, o in enumerate(srcs):
+            if o.kind not in ("v", "a") or o.width != 2:
+                return None
+            r = self.vrow(o)
+            rows.append((r + ((f["op_sel"] >> k) & 1), r + ((f["op_sel_hi"] >> k) & 1)))
+        d = self.vrow(dst)
+        return fn, tuple(rows), (d, d + 1)
 
     @staticmethod
     def _plain_valu(op, ctx, fetch, dwr, nxt: int) -> Step:

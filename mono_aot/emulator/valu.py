@@ -650,6 +650,8 @@ def _pk(fn: Callable[..., np.ndarray]) -> LaneOp:
         with np.errstate(all="ignore"):  # both columns at once: fn is elementwise
             return _bits_f32(fn(*(_f32(s) for s in srcs)))
 
+    # the executor may apply ``fn`` to several instructions' columns at once (``fuse.py``)
+    op.elementwise_f32 = fn  # type: ignore[attr-defined]
     return op
 
 
