@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-MAX_BLOCK = 48  # instructions: at most the smallest scheduler quantum (machine.QUANTUM = 64)
+MAX_BLOCK = 16  # instructions: short enough to fit in what is left of a quantum (machine.QUANTUM)
 
 
 class Block:
