@@ -57,7 +57,9 @@ jobs_option = click.option(
 )
 
 # How the library's field names are spelled on the command line.
-OPTION_OF_FIELD = {"arch": "--arch", "variant": "--variant", "layout": "--layout"}
+OPTION_OF_FIELD = {
+    "arch": "--arch", "variant": "--variant", "layout": "--layout", "provider": "--provider",
+}  # fmt: skip
 # Library errors that a command-line option fixes, and the hint that says so.
 _HINTS = {"StoreReadOnly": "(or pass --store DIR to a command that takes it)"}
 

@@ -12,10 +12,15 @@ large to emulate, the ``emulate`` extra missing).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from mono_aot.cli._common import emit_json, json_option, require_module
 from mono_aot.spec.errors import EXIT_FAILED, EXIT_OK, BadInput
+
+if TYPE_CHECKING:
+    from mono_aot.spec.layouts import Layout
 
 CHECK_NAMES = ("narrow", "wide", "multi-launch", "dead-rank")
 
@@ -49,6 +54,12 @@ CHECK_NAMES = ("narrow", "wide", "multi-launch", "dead-rank")
     is_flag=True,
     help="Randomise the interleaving of waves (by --seed) instead of the fixed round order.",
 )
+@click.option(
+    "--provider",
+    metavar="DIR:MODULE",
+    help="Run the code objects this kernel provider built (mono-aot build --provider, into a "
+    "store this command reads) in place of the served ones; for trying a kernel change.",
+)
 @json_option
 def emulate(
     layout_name: str,
@@ -56,6 +67,7 @@ def emulate(
     checks: tuple[str, ...],
     seed: int,
     shuffle: bool,
+    provider: str | None,
     as_json: bool,
 ) -> None:
     """Run a layout's kernels on emulated devices and print a verdict per check."""
@@ -71,8 +83,9 @@ def emulate(
             f"layout {layout.name} targets {', '.join(layout.archs)}", field="arch", value=arch
         )
     log = (lambda s: None) if as_json else (lambda s: click.echo(s, err=True))
+    replace = _provider_kernels(provider, layout, arch) if provider else None
     results, totals = run_emulation(
-        layout, arch, checks or CHECKS, seed=seed, shuffle=shuffle, log=log
+        layout, arch, checks or CHECKS, seed=seed, shuffle=shuffle, log=log, replace=replace
     )
     ok = all(r.ok for r in results)
     if as_json:
@@ -95,3 +108,27 @@ def emulate(
             f"{totals.instructions:,} wave-instructions, {totals.per_second:,.0f}/s"
         )
     click.get_current_context().exit(EXIT_OK if ok else EXIT_FAILED)
+
+
+def _provider_kernels(spec: str, layout: Layout, arch: str) -> dict[str, bytes]:
+    """The provider's stored code object of each variant, by kernel symbol."""
+    from mono_aot.cli.build import _provider
+    from mono_aot.keys import lookup_key
+    from mono_aot.store import Store
+
+    prov = _provider(spec)
+    store = Store.default()
+    out = {}
+    for variant in layout.variants():
+        key = lookup_key(prov, variant, layout, arch)
+        hit = store.lookup(key)
+        if hit is None:
+            raise BadInput(
+                f"no {variant} kernel of this provider for {layout.name} on {arch} in the store "
+                f"(key {key[:12]}): build it first with mono-aot build --provider {spec} "
+                f"--layout {layout.name} --arch {arch}",
+                field="provider",
+                value=spec,
+            )
+        out[hit.entry.symbol] = hit.data
+    return out

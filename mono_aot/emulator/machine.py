@@ -400,9 +400,11 @@ class Machine:
         text = k.texts[pc]
         where = (f"{k.name} on device {ln.device}, workgroup {w.wg.id}, wave {w.index}, "
                  f"offset 0x{off:x} ({text})")  # fmt: skip
-        return EmulatorError(f"{where}: {why}", kernel=k.name, device=ln.device,
-                             workgroup=w.wg.id, wave=w.index, offset=off, instruction=text,
-                             lane=lane, address=address)  # fmt: skip
+        err = EmulatorError(f"{where}: {why}", kernel=k.name, device=ln.device,
+                            workgroup=w.wg.id, wave=w.index, offset=off, instruction=text,
+                            lane=lane, address=address)  # fmt: skip
+        err.wave_state = w  # the faulting wave's registers, for whoever debugs the kernel
+        return err
 
     def _arrive(self, w: Wave, push: Callable[[Wave], None]) -> None:
         wg = w.wg

@@ -1311,6 +1311,7 @@ def _lds_check(w: Wave, addr: np.ndarray, act: np.ndarray, n: int) -> None:
 
 
 def _lds_gather(w: Wave, addr: np.ndarray, act: np.ndarray, n: int) -> np.ndarray:
+    addr = addr & M32  # ADDR + OFFSET is a 32-bit sum (a negative base plus an offset is fine)
     _lds_check(w, addr, act, n)
     safe = np.where(act, addr, 0)
     return w.wg.lds[safe[:, None] + np.arange(n)] * act[:, None].astype(np.uint8)
@@ -1318,6 +1319,7 @@ def _lds_gather(w: Wave, addr: np.ndarray, act: np.ndarray, n: int) -> np.ndarra
 
 def _lds_scatter(w: Wave, addr: np.ndarray, act: np.ndarray, data: np.ndarray) -> None:
     n = data.shape[1]
+    addr = addr & M32  # as in _lds_gather
     _lds_check(w, addr, act, n)
     lanes = np.flatnonzero(act)
     w.wg.lds[addr[lanes][:, None] + np.arange(n)] = data[lanes]

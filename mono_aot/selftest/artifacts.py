@@ -109,7 +109,7 @@ def ensure_kernels(
         if hit is None:
             missing.append((need, key))
         else:
-            status[name] = f"hit ({hit.layer})"
+            status[name] = f"hit ({hit.layer.label})"
     if not missing:
         return status
     specs = {

@@ -123,8 +123,16 @@ class LaunchGate:
 class EmulatedHip:
     """The HIP calls of ``mono_aot.runtime.loader`` answered by the emulator for one device."""
 
-    def __init__(self, machine: Machine, gate: LaunchGate, device: int, arch: str) -> None:
+    def __init__(
+        self,
+        machine: Machine,
+        gate: LaunchGate,
+        device: int,
+        arch: str,
+        replace: dict[str, bytes] | None = None,
+    ) -> None:
         self.machine = machine
+        self.replace = dict(replace or {})  # kernel symbol -> the code object run in its place
         self.gate = gate
         self.device = device
         self.arch = arch
@@ -146,7 +154,8 @@ class EmulatedHip:
 
     def module_get_function(self, module: int, symbol: str) -> int:
         handle = len(self._functions) + 1
-        self._functions[handle] = self.machine.load(self._modules[module], symbol)
+        image = self.replace.get(symbol, self._modules[module])
+        self._functions[handle] = self.machine.load(image, symbol)
         return handle
 
     def module_unload(self, module: int) -> None:
@@ -262,7 +271,11 @@ class EmulatedSession(Session):
         dead_rank: bool = False,
         log: Callable[[str], None] = lambda s: None,
         env: dict[str, str] | None = None,
+        replace: dict[str, bytes] | None = None,
     ) -> None:
+        """``replace``: code objects run in place of the served kernels of the same symbol (a
+        kernel provider's build, ``mono-aot emulate --provider``); the runner still loads,
+        checks and binds the served entries, so a replacement must keep the kernel contract."""
         import tempfile
         from pathlib import Path
 
@@ -322,7 +335,7 @@ class EmulatedSession(Session):
                 for _ in range(layout.model.layers)
             ]
             model = draft_model(weights, caches, self.rope)
-            hip = EmulatedHip(self.machine, self.gate, r, arch)
+            hip = EmulatedHip(self.machine, self.gate, r, arch, replace)
             device = EmulatedDevice(hip, arch, layout.ctas(arch))
             group = TPGroup(tp, r, None)
             peers = EmulatedPeers(pe[r], pe)
@@ -457,6 +470,7 @@ def run_emulation(
     shuffle: bool = False,
     log: Callable[[str], None] = lambda s: None,
     env: dict[str, str] | None = None,
+    replace: dict[str, bytes] | None = None,
 ) -> tuple[list[CheckResult], Totals]:
     """The ``checks`` on ``tp`` emulated devices of ``arch``; their verdicts and the totals."""
     from mono_aot.selftest import (
@@ -492,6 +506,7 @@ def run_emulation(
         dead_rank="dead-rank" in wanted,
         log=log,
         env=env,
+        replace=replace,
     ) as s:
         for c in wanted:
             log(f"check {c} ...")

@@ -156,6 +156,18 @@ def test_lds_out_of_range_names_lane():
         run(a, lds=128)
 
 
+def test_lds_address_is_a_32_bit_sum_of_base_and_offset():
+    """CDNA3 "LDS instructions": the address is ADDR + OFFSET in 32 bits, so a base below zero
+    plus a larger offset is in range (LLVM folds constants into the offset this way)."""
+    a = prologue(Asm())
+    a.sopk("s_movk_i32", 7, -256).vop2("v_add_u32", 4, s(7), v(1))
+    a.ds("ds_write_b32", addr=4, data0=0, offset=256).waitcnt(lgkm=0)
+    a.ds("ds_read_b32", addr=1, vdst=5).waitcnt(lgkm=0)
+    a.glob("global_store_dword", addr=1, data=5, saddr=4)
+    out, _ = run(a.endpgm(), lds=256)
+    assert out[:256].view(np.uint32).tolist() == list(range(64))
+
+
 def test_ds_swizzle_bpermute_read2():
     a = prologue(Asm())
     a.vop2("v_add_u32", 4, i(4), v(1)).vop2("v_and_b32", 4, LIT, v(4), lit=0xFF)

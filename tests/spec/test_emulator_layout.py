@@ -79,7 +79,6 @@ def test_it_runs_the_paths_the_shipped_layout_runs():
 @pytest.mark.parametrize(
     ("change", "field"),
     [
-        ({"targets__gfx950": 31}, "targets.gfx950.ctas"),  # wide gate/up: 2 row passes
         ({"kernel__threads": 128}, "serving.qpr"),  # 2 waves cannot hold 64 query rows
         ({"model__hidden": 1024 + 512}, "model.hidden"),  # not whole 1024-wide GEMV K tiles
         ({"model__mlp": 2048}, "model.mlp"),  # 512 per rank: under one K tile of down
