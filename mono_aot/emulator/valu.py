@@ -704,8 +704,9 @@ def _build() -> dict[str, LaneOp]:
         "v_perm_b32": _perm,
         "v_bcnt_u32_b32": lambda ctx, a, b: _lo32(_popcount(a) + _u(b).astype(np.int64)),
         # shifts: 32-bit amounts are S[4:0], 64-bit amounts S[5:0] (the guides' pseudocode)
-        "v_lshlrev_b32": lambda ctx, a, b: ((_u(b) << _sh32(a)) & _U32).astype(u32),
-        "v_lshrrev_b32": lambda ctx, a, b: (_u(b) >> _sh32(a)).astype(u32),
+        # uint32 shifts by 0..31 are exact modulo 2**32
+        "v_lshlrev_b32": lambda ctx, a, b: np.left_shift(b, a & u32(31), dtype=u32),
+        "v_lshrrev_b32": lambda ctx, a, b: np.right_shift(b, a & u32(31), dtype=u32),
         "v_ashrrev_i32": lambda ctx, a, b: _lo32(_i(b) >> _sh32(a).astype(np.int64)),
         "v_lshlrev_b64": lambda ctx, a, b: _pair(_u64(b) << _sh64(a)),
         "v_lshrrev_b64": lambda ctx, a, b: _pair(_u64(b) >> _sh64(a)),
