@@ -67,7 +67,7 @@ def _plan(prog, start: int, end: int) -> Block | None:
     """The block of instructions ``start..end-1`` (all plain), or None when no two packed
     instructions would batch (nothing to gain)."""
     steps = prog.steps
-    ops: list[tuple[str, object]] = []  # ("one", step) | ("batch", run)
+    ops: list[tuple[int, Callable]] = []  # (first pc, a step or a batch's run), in order
     pend: list[tuple[int, tuple]] = []
     pend_fn = None
     pend_w: set[int] = set()
@@ -77,9 +77,9 @@ def _plan(prog, start: int, end: int) -> Block | None:
     def flush() -> None:
         nonlocal pend, pend_fn, batched
         if len(pend) == 1:
-            ops.append(("one", steps[pend[0][0]]))
+            ops.append((pend[0][0], steps[pend[0][0]]))
         elif pend:
-            ops.append(("batch", _batch(pend_fn, pend)))
+            ops.append((pend[0][0], _batch(pend_fn, pend)))
             batched += len(pend)
         pend = []
         pend_fn = None
@@ -99,18 +99,25 @@ def _plan(prog, start: int, end: int) -> Block | None:
             continue
         if pend and (rv & pend_w or wv & (pend_w | pend_r)):
             flush()
-        ops.append(("one", steps[pc]))
+        ops.append((pc, steps[pc]))
     flush()
     if batched < 2:
         return None
     touch_v = frozenset().union(*(prog.touch_v[pc] for pc in range(start, end)))
     touch_s = frozenset().union(*(prog.touch_s[pc] for pc in range(start, end)))
     calls = tuple(f for _, f in ops)
+    pcs = tuple(pc for pc, _ in ops)
     nxt = end
 
     def run(w) -> int:
-        for f in calls:
-            f(w)
+        k = 0
+        try:
+            for f in calls:
+                f(w)
+                k += 1
+        except Exception as e:  # the machine names this instruction, not the block's first
+            e.fused_pc = pcs[k]  # type: ignore[attr-defined]
+            raise
         return nxt
 
     return Block(start, end - start, touch_v, touch_s, run)

@@ -364,9 +364,13 @@ class Machine:
             while n < q:
                 cur = pc
                 b = blocks[cur]
-                if b is not None and n + b.size <= q and (
-                    not w.npend
-                    or (b.touch_v.isdisjoint(w.pend_v) and b.touch_s.isdisjoint(w.pend_s))
+                if (
+                    b is not None
+                    and n + b.size <= q
+                    and (
+                        not w.npend
+                        or (b.touch_v.isdisjoint(w.pend_v) and b.touch_s.isdisjoint(w.pend_s))
+                    )
                 ):  # a run of plain VALU instructions as one step (fuse.py)
                     w.time += CYCLES_PER_INSTRUCTION * b.size
                     pc = b.run(w)
@@ -383,11 +387,13 @@ class Machine:
                     pc = ~pc
                     break
         except (Fault, MemoryFault) as e:
+            cur = getattr(e, "fused_pc", cur)  # inside a fused block (fuse.py)
             raise self._error(w, ln, cur, str(e), getattr(e, "lane", None),
                               getattr(e, "address", None)) from None  # fmt: skip
         except EmulatorError:
             raise
         except Exception as e:  # a bug in an operation: still name where it happened
+            cur = getattr(e, "fused_pc", cur)
             raise self._error(w, ln, cur, f"{type(e).__name__}: {e}", None, None) from e
         w.pc = pc
         w.icount += n

@@ -17,7 +17,7 @@ import pytest
 
 from mono_aot.emulator.machine import EmulatorError, Machine
 from mono_aot.emulator.wave import LANES
-from tests.emulator.asm import EXEC, LIT, VCC, Asm, i, kernel_object, v
+from tests.emulator.asm import EXEC, LIT, Asm, i, kernel_object, v
 from tests.emulator.emu import OUT, buffer, kernargs, prologue
 
 NREGS = 24  # v8..v31 are stored
@@ -230,3 +230,26 @@ def test_real_narrow_kernel_same_state_fused_and_stepped(tiny_narrow):
     assert blocks > 1_000 and none == 0  # the fused run did fuse
     assert mem == mem0
     assert waves == waves0
+
+
+def test_an_operation_failing_inside_a_block_is_named():
+    """A lane operation that raises in the middle of a fused block: the error names that
+    instruction (not the block's first)."""
+
+    def broken(ctx, a, b):
+        raise ValueError("broken on purpose")
+
+    a = prologue(Asm())
+    a.vop3p("v_pk_fma_f32", 8, v(10), v(12), v(8))
+    a.vop3p("v_pk_fma_f32", 14, v(16), v(12), v(14))
+    a.vop2("v_add_f32", 20, v(21), v(22))
+    a.vop3p("v_pk_fma_f32", 24, v(10), v(12), v(24))
+    a.endpgm()
+    m = Machine("gfx942", 1)
+    m.ops = {**m.ops, "v_add_f32": broken}
+    buffer(m, OUT, 4096)
+    k = m.load(kernel_object(a))
+    assert any(b is not None for b in k.program.blocks)
+    m.launch(0, k, 1, LANES, kernargs(OUT))
+    with pytest.raises(EmulatorError, match=r"\(v_add_f32_e32 v20, v21, v22\): ValueError"):
+        m.run()
