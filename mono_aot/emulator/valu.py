@@ -74,13 +74,15 @@ def _u64(x: Lanes) -> np.ndarray:
     """A ``(64, 2)`` register pair (low dword first) as uint64 lanes."""
     if x.ndim != 2 or x.shape[1] != 2:
         raise ValueError(f"a 64-bit source must have shape (64, 2), not {x.shape}")
-    return x[:, 0].astype(np.uint64) | (x[:, 1].astype(np.uint64) << np.uint64(32))
+    # a C-ordered copy of the pair read as one little-endian uint64 per lane
+    return x.astype(np.uint32, order="C").view(np.uint64).reshape(-1)
 
 
 def _pair(v: np.ndarray) -> Lanes:
     """uint64 (or int64) lanes as a ``(64, 2)`` uint32 register pair, low dword first."""
     v = v.astype(np.int64).view(np.uint64) if v.dtype != np.uint64 else v
-    return np.stack([(v & _U32).astype(np.uint32), (v >> np.uint64(32)).astype(np.uint32)], 1)
+    # a C-ordered copy whose little-endian dwords are (low, high) per lane
+    return v.astype(np.uint64, order="C").view(np.uint32).reshape(-1, 2)
 
 
 def _need_mask(ctx: OpContext, op: str) -> Mask:
