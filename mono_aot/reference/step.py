@@ -559,10 +559,16 @@ def norm_rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((g - w).norm()) / (denom if denom > 0 else 1.0)
 
 
-# relative distance from an fp8 rounding boundary under which a kernel's K/V code may
-# legitimately differ from the reference's (fp32 summation order), per layer: the reference's
-# inputs equal the kernel's for layer 0 only
-KV_BOUNDARY_TOL = (1e-4, 3e-3)
+# Layer 0: relative distance from an fp8 rounding boundary under which a kernel's K/V code may
+# legitimately differ from the reference's (fp32 summation order): the reference's inputs equal
+# the kernel's there. Later layers read the hidden state the kernel computed with its own
+# roundings (the emulator measured it within 1e-3 of the kernel-numerics reference's, and the
+# output within 4.5e-3: a bf16 rounding's worth), which moves codes near any boundary, so there
+# the written K/V values are judged as a whole: their norm-relative error against the
+# reference's, at most ``KV_LATER_LAYER_TOL``. A misplaced row or position is still an error of
+# order 1; an unwritten byte must still be exact.
+KV_BOUNDARY_TOL = 1e-4
+KV_LATER_LAYER_TOL = 2e-2
 
 
 def compare_caches(
@@ -573,9 +579,11 @@ def compare_caches(
     slots: torch.Tensor,
     prequant: Sequence[torch.Tensor],
 ) -> tuple[int, int]:
-    """Every cache byte of every layer equals the reference's, except written codes whose
-    pre-encode value is within ``KV_BOUNDARY_TOL`` of an fp8 rounding boundary. Returns
-    ``(bad bytes, tolerated near-boundary differences)``."""
+    """Every cache byte of every layer equals the reference's, except written codes: in layer
+    0 those whose pre-encode value is within ``KV_BOUNDARY_TOL`` of an fp8 rounding boundary,
+    in later layers all of a layer's written codes when their values are within
+    ``KV_LATER_LAYER_TOL`` of the reference's as a whole. Returns ``(bad bytes, tolerated
+    differences)``."""
     f = resolve_format(fmt)
     B = layout.serving.kv_block
     bad = tolerated = 0
@@ -585,12 +593,23 @@ def compare_caches(
         diff = g != w
         if not bool(diff.any()):
             continue
-        tol = KV_BOUNDARY_TOL[0] if li == 0 else KV_BOUNDARY_TOL[1]
-        near = boundary_distance(prequant[li][written], f) < tol  # [written, K, 2D]
-        allowed = torch.zeros_like(diff)
-        allowed[ws // B, :, ws % B, :] = near
-        bad += int((diff & ~allowed).sum())
-        tolerated += int((diff & allowed).sum())
+        rows = torch.zeros(diff.shape[:-1], dtype=torch.bool)  # [blocks, K, B]
+        rows[ws // B, :, ws % B] = True
+        in_rows = diff & rows[..., None]
+        bad += int((diff & ~rows[..., None]).sum())
+        if li == 0:
+            near = boundary_distance(prequant[li][written], f) < KV_BOUNDARY_TOL
+            allowed = torch.zeros_like(diff)
+            allowed[ws // B, :, ws % B, :] = near
+            bad += int((in_rows & ~allowed).sum())
+            tolerated += int((in_rows & allowed).sum())
+        else:
+            gv = decode(g[rows], f, torch.float64)
+            wv = decode(w[rows], f, torch.float64)
+            if norm_rel_error(gv, wv) <= KV_LATER_LAYER_TOL:
+                tolerated += int(in_rows.sum())
+            else:
+                bad += int(in_rows.sum())
     return bad, tolerated
 
 
@@ -603,6 +622,7 @@ __all__ = [
     "TPResult",
     "KVAgreement",
     "KV_BOUNDARY_TOL",
+    "KV_LATER_LAYER_TOL",
     "allreduce",
     "compare_caches",
     "clamped_swiglu",
