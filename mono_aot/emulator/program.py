@@ -43,6 +43,7 @@ import numpy as np
 
 from mono_aot.emulator import scalar as S
 from mono_aot.emulator.decode import DecodedKernel, Instruction, Operand
+from mono_aot.emulator.fuse import fuse_blocks
 from mono_aot.emulator.lanes import OpContext
 from mono_aot.emulator.wave import (
     EXEC_HI,
@@ -88,6 +89,16 @@ class Compiled:
         self.writes_v: list[tuple[int, ...]] = []
         self.reads_s: list[tuple[int, ...]] = []
         self.writes_s: list[tuple[int, ...]] = []
+        # per instruction, every vector / scalar register it reads or writes (the scheduler's
+        # quick test before ``Wave.hazard`` names the offending one)
+        # per instruction: None, or for a "plain" VALU instruction (writes one vector
+        # destination under EXEC and nothing else, never yields) a tuple (packed, ...) where
+        # packed is None or, for a packed-f32 elementwise operation on VGPR sources,
+        # (fn, source rows ((lo, hi) per source), destination rows (lo, hi)) (``fuse.py``)
+        self.plain: list[tuple | None] = []
+        self.blocks: list = []  # fuse.Block | None per instruction
+        self.touch_v: list[frozenset[int]] = []
+        self.touch_s: list[frozenset[int]] = []
         self.missing: dict[str, int] = {}  # lane operation not available -> uses
         self.counts: dict[str, int] = {}
 
@@ -286,12 +297,14 @@ class Compiler:
     def compile(self) -> Compiled:
         for inst in self.dk.instructions:
             nxt = self.index.get(inst.offset + inst.size, len(self.dk.instructions))
+            self.meta = None
             try:
                 step, rv, wv, rs, ws = self.one(inst, nxt)
             except LoadError as e:
                 raise LoadError(f"0x{inst.offset:x}: {inst.text()}: {e}") from None
             o = self.out
             o.steps.append(step)
+            o.plain.append(self.meta)
             o.reads_v.append(rv)
             o.writes_v.append(wv)
             o.reads_s.append(rs)
@@ -300,6 +313,10 @@ class Compiler:
         o.steps.append(_off_the_end)
         for lst in (o.reads_v, o.writes_v, o.reads_s, o.writes_s):
             lst.append(())
+        o.plain.append(None)
+        o.touch_v = [frozenset(r + w) for r, w in zip(o.reads_v, o.writes_v, strict=True)]
+        o.touch_s = [frozenset(r + w) for r, w in zip(o.reads_s, o.writes_s, strict=True)]
+        o.blocks = fuse_blocks(o)
         return o
 
     def _regs(self, inst: Instruction, reads: tuple[str, ...], writes: tuple[str, ...],
@@ -643,6 +660,9 @@ class Compiler:
         need_ctx = mread is not None or dold is not None
         fclamp = clamp and float_dst
         nsrc = len(fetch)
+        if not (need_ctx or fclamp or sdwa_dst or cmpx) and dwr is not None and sdw is None:
+            self.meta = (self._packed(inst, srcs, dst, op),)
+            return self._plain_valu(op, base_ctx, fetch, dwr, nxt), rv, wv, rs, ws
 
         def step(w):
             args = [fch(w) for fch in fetch] if nsrc != 2 else [fetch[0](w), fetch[1](w)]
@@ -674,6 +694,78 @@ class Compiler:
             return nxt
 
         return step, rv, wv, rs, ws
+
+    def _packed(self, inst: Instruction, srcs: list[Operand], dst: Operand, op) -> tuple | None:
+        """(fn, source rows, destination rows) of a packed-f32 instruction whose operation is
+        elementwise (``valu._pk`` says so) on VGPR/AGPR sources without neg: several such
+        instructions may run as one (``fuse.py``); None for any other."""
+        fn = getattr(op, "elementwise_f32", None)
+        f = inst.fields
+        if fn is None or inst.fmt != "VOP3P" or f.get("neg_lo") or f.get("neg_hi"):
+            return None
+        if f.get("clamp") or dst.width != 2:
+            return None
+        rows = []
+        for k, o in enumerate(srcs):
+            if o.kind not in ("v", "a") or o.width != 2:
+                return None
+            r = self.vrow(o)
+            rows.append((r + ((f["op_sel"] >> k) & 1), r + ((f["op_sel_hi"] >> k) & 1)))
+        d = self.vrow(dst)
+        return fn, tuple(rows), (d, d + 1)
+
+    @staticmethod
+    def _plain_valu(op, ctx, fetch, dwr, nxt: int) -> Step:
+        """The common VALU instruction (no mask input, old destination, clamp, SDWA destination
+        or mask result) as one closure per source count: the same steps as the general one."""
+
+        def unpack(res):
+            return res[0] if type(res) is tuple else res
+
+        if len(fetch) == 1:
+            (f0,) = fetch
+
+            def step1(w):
+                res = op(ctx, f0(w))
+                if type(res) is tuple:
+                    res = res[0]
+                if res is not None:
+                    dwr(w, res)
+                return nxt
+
+            return step1
+        if len(fetch) == 2:
+            f0, f1 = fetch
+
+            def step2(w):
+                res = op(ctx, f0(w), f1(w))
+                if type(res) is tuple:
+                    res = res[0]
+                if res is not None:
+                    dwr(w, res)
+                return nxt
+
+            return step2
+        if len(fetch) == 3:
+            f0, f1, f2 = fetch
+
+            def step3(w):
+                res = op(ctx, f0(w), f1(w), f2(w))
+                if type(res) is tuple:
+                    res = res[0]
+                if res is not None:
+                    dwr(w, res)
+                return nxt
+
+            return step3
+
+        def stepn(w):
+            res = unpack(op(ctx, *[f(w) for f in fetch]))
+            if res is not None:
+                dwr(w, res)
+            return nxt
+
+        return stepn
 
     def vsource(self, inst: Instruction, k: int, o: Operand) -> Callable[[Wave], np.ndarray]:
         """Fetch source ``k`` with the encoding's selects and modifiers applied."""
@@ -740,6 +832,13 @@ class Compiler:
             return lambda w: arr
         if (lo_sel, hi_sel, nlo, nhi) == (0, 1, 0, 0):
             return fetch
+        if lo_sel == hi_sel and not (nlo or nhi) and o.kind in ("v", "a"):
+            row = self.vrow(o) + lo_sel  # one dword in both columns
+
+            def dup(w):
+                return np.repeat(w.v[row], 2).reshape(LANES, 2)
+
+            return dup
 
         def sel(w):
             x = fetch(w)

@@ -74,13 +74,15 @@ def _u64(x: Lanes) -> np.ndarray:
     """A ``(64, 2)`` register pair (low dword first) as uint64 lanes."""
     if x.ndim != 2 or x.shape[1] != 2:
         raise ValueError(f"a 64-bit source must have shape (64, 2), not {x.shape}")
-    return x[:, 0].astype(np.uint64) | (x[:, 1].astype(np.uint64) << np.uint64(32))
+    # a C-ordered copy of the pair read as one little-endian uint64 per lane
+    return x.astype(np.uint32, order="C").view(np.uint64).reshape(-1)
 
 
 def _pair(v: np.ndarray) -> Lanes:
     """uint64 (or int64) lanes as a ``(64, 2)`` uint32 register pair, low dword first."""
     v = v.astype(np.int64).view(np.uint64) if v.dtype != np.uint64 else v
-    return np.stack([(v & _U32).astype(np.uint32), (v >> np.uint64(32)).astype(np.uint32)], 1)
+    # a C-ordered copy whose little-endian dwords are (low, high) per lane
+    return v.astype(np.uint64, order="C").view(np.uint32).reshape(-1, 2)
 
 
 def _need_mask(ctx: OpContext, op: str) -> Mask:
@@ -97,6 +99,8 @@ def _sat_u(v: np.ndarray, bits: int, ctx: OpContext) -> np.ndarray:
 
 
 def _f32(x: Lanes) -> np.ndarray:
+    if type(x) is np.ndarray and x.dtype == np.uint32:
+        return x.view(np.float32)  # same item size: a view whatever the strides
     return as_f32(np.ascontiguousarray(x, dtype=np.uint32))
 
 
@@ -147,10 +151,45 @@ def fma_odd64(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
         return np.where(nudge, np.nextafter(s, toward), s)
 
 
+# binary64 bits: the 29 fraction bits below binary32's precision, shifted to the top, are
+# 1000...0 on a binary32 midpoint (normal range and the overflow bound); 2**-126 (below it,
+# binary32 subnormals) is 897 << 52, shifted left once to drop the sign
+_SH35 = np.uint64(35)
+_TOP = np.uint64(1 << 63)
+_F32_NORMAL2 = np.uint64(897 << 53)
+_ONE = np.uint64(1)
+_TWO = np.uint64(2)
+
+
 def fma_f32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """``a * b + c`` of float32 arrays rounded once (round to nearest even), as float32."""
+    """``a * b + c`` of float32 arrays rounded once (round to nearest even), as float32.
+
+    Fast path: ``s = fl64(a * b + c)`` (the product is exact, see ``fma_odd64``) rounds to the
+    same binary32 value as the exact sum unless ``s`` is itself a binary32 midpoint: every
+    midpoint is a binary64 number, so one strictly between the exact sum and ``s`` would be
+    nearer the sum than ``s`` is. Lanes where ``s`` sits on a midpoint (its 29 low fraction bits
+    ``1000...0``; this includes the overflow bound) or in binary32's subnormal range (coarser
+    midpoints) are recomputed by ``fma_odd64``'s round-to-odd path, which is exact everywhere."""
     with np.errstate(all="ignore"):
-        return fma_odd64(a, b, c).astype(np.float32)
+        return _fma_f32(a, b, c)
+
+
+def _fma_f32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """``fma_f32`` for callers that already ignore FP warnings (the operation wrappers)."""
+    a = np.asarray(a, dtype=np.float32)
+    s = a.astype(np.float64)
+    s *= np.asarray(b, dtype=np.float32)
+    s += np.asarray(c, dtype=np.float32)
+    u = s.view(np.uint64)
+    risky = (u << _SH35) == _TOP  # the 29 low fraction bits are 1000...0
+    risky |= ((u << _ONE) - _TWO) < _F32_NORMAL2  # 0 < |s| < 2**-126 (sign shifted out; 0 wraps)
+    out = s.astype(np.float32)
+    if np.count_nonzero(risky):
+        k = np.flatnonzero(risky.ravel())
+        a_, b_, c_ = (np.broadcast_to(np.asarray(x, np.float32), s.shape).ravel()[k]
+                      for x in (a, b, c))  # fmt: skip
+        out.ravel()[k] = fma_odd64(a_, b_, c_).astype(np.float32)
+    return out
 
 
 # ------------------------------------------------------------------------------ f32 min/max
@@ -610,12 +649,11 @@ def _pk(fn: Callable[..., np.ndarray]) -> LaneOp:
         for s in srcs:
             if s.shape != (64, 2):
                 raise ValueError(f"a packed-f32 source must have shape (64, 2), not {s.shape}")
-        with np.errstate(all="ignore"):
-            cols = [
-                _bits_f32(fn(*(_f32(np.ascontiguousarray(s[:, k])) for s in srcs))) for k in (0, 1)
-            ]
-        return np.stack(cols, 1)
+        with np.errstate(all="ignore"):  # both columns at once: fn is elementwise
+            return _bits_f32(fn(*(_f32(s) for s in srcs)))
 
+    # the executor may apply ``fn`` to several instructions' columns at once (``fuse.py``)
+    op.elementwise_f32 = fn  # type: ignore[attr-defined]
     return op
 
 
@@ -668,8 +706,9 @@ def _build() -> dict[str, LaneOp]:
         "v_perm_b32": _perm,
         "v_bcnt_u32_b32": lambda ctx, a, b: _lo32(_popcount(a) + _u(b).astype(np.int64)),
         # shifts: 32-bit amounts are S[4:0], 64-bit amounts S[5:0] (the guides' pseudocode)
-        "v_lshlrev_b32": lambda ctx, a, b: ((_u(b) << _sh32(a)) & _U32).astype(u32),
-        "v_lshrrev_b32": lambda ctx, a, b: (_u(b) >> _sh32(a)).astype(u32),
+        # uint32 shifts by 0..31 are exact modulo 2**32
+        "v_lshlrev_b32": lambda ctx, a, b: np.left_shift(b, a & u32(31), dtype=u32),
+        "v_lshrrev_b32": lambda ctx, a, b: np.right_shift(b, a & u32(31), dtype=u32),
         "v_ashrrev_i32": lambda ctx, a, b: _lo32(_i(b) >> _sh32(a).astype(np.int64)),
         "v_lshlrev_b64": lambda ctx, a, b: _pair(_u64(b) << _sh64(a)),
         "v_lshrrev_b64": lambda ctx, a, b: _pair(_u64(b) >> _sh64(a)),
@@ -720,7 +759,7 @@ def _build() -> dict[str, LaneOp]:
         "v_sub_f32": _fop(lambda a, b: a - b),
         "v_subrev_f32": _fop(lambda a, b: b - a),
         "v_mul_f32": _fop(lambda a, b: a * b),
-        "v_fma_f32": _fop(fma_f32),
+        "v_fma_f32": _fop(_fma_f32),
         "v_fmac_f32": _fmac,
         "v_max_f32": lambda ctx, a, b: max_f32(a, b),
         "v_min_f32": lambda ctx, a, b: min_f32(a, b),
@@ -736,7 +775,7 @@ def _build() -> dict[str, LaneOp]:
         # packed f32 (VOP3P)
         "v_pk_add_f32": _pk(lambda a, b: a + b),
         "v_pk_mul_f32": _pk(lambda a, b: a * b),
-        "v_pk_fma_f32": _pk(fma_f32),
+        "v_pk_fma_f32": _pk(_fma_f32),
         "v_pk_mov_b32": _pk_mov,
     }
     t.update(_compares())

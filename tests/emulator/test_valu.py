@@ -495,6 +495,29 @@ def test_fma_avoids_the_double_rounding_a_float64_sum_makes():
     assert int(got[0]) == want
 
 
+def test_fma_fast_path_and_round_to_odd_path_agree_lane_by_lane():
+    """``fma_f32`` takes the plain binary64 sum unless a lane lands on a binary32 midpoint or in
+    the subnormal range, then the round-to-odd path for the whole array: one lane at a time, each
+    triple takes its own path, and every result must equal the exact reference; whole arrays
+    (mixed paths) must equal the round-to-odd path lane for lane."""
+    from mono_aot.emulator.valu import fma_odd64
+
+    triples = [tuple(int(x) for x in RNG.integers(0, 1 << 32, 3)) for _ in range(300)]
+    # on-midpoint sums (the double-rounding case) and subnormal results
+    triples += [(f32_bits(np.float32(2.0**-24 * (1 + 2.0**-23))), f32_bits(np.float32(1 - 2.0**-23)),
+                 f32_bits(np.float32(1 + 2.0**-23))), (0x00000003, 0x3F000000, 0x80000001),
+                (0x00400000, 0x3F800000, 0x00000001), (0x7F7FFFFF, 0x3F800001, 0x73000000)]  # fmt: skip
+    triples = [c for c in triples if all(is_finite_bits(x) for x in c)]
+    for c in triples:
+        a, b, z = (np.array([x], np.uint32).view(np.float32) for x in c)
+        assert int(fma_f32(a, b, z).view(np.uint32)[0]) == fma_ref(*c), [hex(x) for x in c]
+    arr = [np.array([c[k] for c in triples], np.uint32).view(np.float32) for k in range(3)]
+    want = fma_odd64(*arr).astype(np.float32).view(np.uint32)
+    for k in range(0, len(triples) - 8, 7):  # windows with and without a risky lane
+        got = fma_f32(*(x[k : k + 8] for x in arr)).view(np.uint32)
+        assert got.tolist() == want[k : k + 8].tolist()
+
+
 def test_fma_special_values():
     inf, nan = float("inf"), float("nan")
     cases = [((inf, 0.0, 1.0), nan), ((inf, 1.0, -inf), nan), ((inf, 2.0, 1.0), inf),

@@ -1,0 +1,74 @@
+"""Measure the executor's throughput (wave-instructions per host second) on a real launch.
+
+Not a test (nothing asserts a wall-clock figure): run it by hand before and after a change to
+the executor (``mono_aot/emulator/machine.py``, ``program.py``, ``wave.py``...)::
+
+    mono-aot build --store STORE --layout emulator-tiny-tp4 --arch gfx942
+    python -m tests.emulator.throughput STORE [--instructions 3000000] [--profile]
+
+It runs the selftest's narrow check of the small test layout (``layouts/test/``) on 4 emulated
+devices exactly as ``mono-aot emulate`` does (``mono_aot/selftest/emulated.py``: real weights,
+caches and argument buffers), but stops the machine after ``--instructions`` wave-instructions
+and prints how fast they ran (``--profile``: and the cProfile of that run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+
+from mono_aot.emulator import machine as machine_mod
+from mono_aot.spec.layouts import resolve_layout
+
+LAYOUT = "emulator-tiny-tp4"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("store", help="a store the tiny layout's kernels were built into")
+    ap.add_argument("--instructions", type=int, default=3_000_000)
+    ap.add_argument("--arch", default="gfx942")
+    ap.add_argument("--profile", action="store_true")
+    a = ap.parse_args(argv)
+    from mono_aot.selftest.emulated import run_emulation
+
+    runs: list[tuple[int, float]] = []
+    prof = cProfile.Profile() if a.profile else None
+    real_run = machine_mod.Machine.run
+
+    def capped(self, *, max_instructions=None):
+        t0 = time.perf_counter()
+        if prof is not None:
+            prof.enable()
+        try:
+            st = real_run(self, max_instructions=a.instructions)
+            runs.append((st.instructions, time.perf_counter() - t0))
+            return st
+        except machine_mod.EmulatorError as e:
+            if "instruction limit" not in str(e):
+                raise
+            runs.append((a.instructions, time.perf_counter() - t0))
+            raise
+        finally:
+            if prof is not None:
+                prof.disable()
+
+    machine_mod.Machine.run = capped  # type: ignore[method-assign]
+    try:
+        env = {"MONO_AOT_PATH": a.store, "MONO_AOT_STRICT": "1"}
+        run_emulation(resolve_layout(LAYOUT), a.arch, ["narrow"], env=env)
+    finally:
+        machine_mod.Machine.run = real_run  # type: ignore[method-assign]
+    n, s = runs[0]
+    print(f"{n} wave-instructions in {s:.2f} s: {n / s:,.0f} per second")
+    if prof is not None:
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(40)
+        print(out.getvalue())
+
+
+if __name__ == "__main__":
+    main()
