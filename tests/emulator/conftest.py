@@ -5,6 +5,12 @@ FlyDSL's ISA listing of the same compile; and the wrong-index build of the small
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
 import pytest
 
 from mono_aot.compiler.compile import CompileResult
@@ -35,3 +41,29 @@ def wrong_index_build(tmp_path_factory: pytest.TempPathFactory) -> WrongIndexBui
     a store of their own, once per session: ``.store`` (the root), ``.keys[(arch, variant)]``,
     ``.code_object(arch, variant)``. The emulator's check must fail on them."""
     return build_wrong_index(tmp_path_factory.mktemp("wrong-index-store"))
+
+
+def stored_kernels(
+    tmp_path_factory: pytest.TempPathFactory,
+    layout: str,
+    arch: str,
+    variants: Sequence[str] = (),
+) -> tuple[Path, dict]:
+    """``layout``'s kernels for ``arch`` built by ``mono-aot build`` into a store
+    (``MONO_AOT_TEST_STORE`` when set: the build is then a no-op for keys already there): the
+    store root and each variant's verified hit, by variant."""
+    from mono_aot.keys import served_key
+    from mono_aot.spec.layouts import resolve_layout
+    from mono_aot.store import Store
+
+    root = Path(os.environ.get("MONO_AOT_TEST_STORE") or tmp_path_factory.mktemp("store"))
+    cmd = [sys.executable, "-m", "mono_aot", "build", "--layout", layout, "--arch", arch,
+           "--store", str(root)]  # fmt: skip
+    for v in variants:
+        cmd += ["--variant", v]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stderr
+    lay = resolve_layout(layout)
+    hits = {v: Store.at(root).lookup(served_key(v, lay, arch)) for v in variants or lay.variants()}
+    assert all(h is not None for h in hits.values()), hits
+    return root, hits

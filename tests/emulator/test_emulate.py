@@ -16,6 +16,7 @@ import pytest
 
 from mono_aot.selftest.cases import TOLERANCE
 from tests.conftest import TINY_LAYOUT
+from tests.emulator.conftest import stored_kernels
 from tests.emulator.wrong_index import PROVIDER_DIR, PROVIDER_MODULE
 
 pytestmark = pytest.mark.slow
@@ -24,14 +25,8 @@ ARCH = "gfx942"
 
 @pytest.fixture(scope="module")
 def tiny_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The small layout's real kernels for ``ARCH`` in a store (``MONO_AOT_TEST_STORE`` when set:
-    the build is then a no-op for keys already there)."""
-    root = Path(os.environ.get("MONO_AOT_TEST_STORE") or tmp_path_factory.mktemp("tiny-store"))
-    cmd = [sys.executable, "-m", "mono_aot", "build", "--layout", TINY_LAYOUT, "--arch", ARCH,
-           "--store", str(root)]  # fmt: skip
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
-    assert p.returncode == 0, p.stderr
-    return root
+    """The small layout's real kernels for ``ARCH`` in a store."""
+    return stored_kernels(tmp_path_factory, TINY_LAYOUT, ARCH)[0]
 
 
 def emulate(tmp_path: Path, stores: list[Path], *args: str) -> tuple[int, dict, str]:

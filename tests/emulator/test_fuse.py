@@ -6,11 +6,7 @@ EXEC, a branch into the middle of a run), and on the small layout's real narrow 
 
 from __future__ import annotations
 
-import os
 import struct
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +14,7 @@ import pytest
 from mono_aot.emulator.machine import EmulatorError, Machine
 from mono_aot.emulator.wave import LANES
 from tests.emulator.asm import EXEC, LIT, Asm, i, kernel_object, v
+from tests.emulator.conftest import stored_kernels
 from tests.emulator.emu import OUT, buffer, kernargs, prologue
 
 NREGS = 24  # v8..v31 are stored
@@ -122,17 +119,7 @@ LAYOUT = "emulator-tiny-tp4"
 
 @pytest.fixture(scope="module")
 def tiny_narrow(tmp_path_factory: pytest.TempPathFactory):
-    from mono_aot.keys import served_key
-    from mono_aot.spec.layouts import resolve_layout
-    from mono_aot.store import Store
-
-    root = Path(os.environ.get("MONO_AOT_TEST_STORE") or tmp_path_factory.mktemp("store"))
-    cmd = [sys.executable, "-m", "mono_aot", "build", "--layout", LAYOUT, "--arch", "gfx942",
-           "--variant", "narrow", "--store", str(root)]  # fmt: skip
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
-    assert p.returncode == 0, p.stderr
-    hit = Store.at(root).lookup(served_key("narrow", resolve_layout(LAYOUT), "gfx942"))
-    assert hit is not None
+    hit = stored_kernels(tmp_path_factory, LAYOUT, "gfx942", ("narrow",))[1]["narrow"]
     return hit.entry, hit.data
 
 

@@ -7,20 +7,14 @@ names a store to reuse, as the runtime tests do)."""
 
 from __future__ import annotations
 
-import os
 import struct
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from mono_aot.emulator.machine import Machine
-from mono_aot.keys import served_key
 from mono_aot.spec import abi
-from mono_aot.spec.layouts import resolve_layout
-from mono_aot.store.layer import Layer
+from tests.emulator.conftest import stored_kernels
 from tests.emulator.lane_ops import TEST_OPS
 
 LAYOUT = "minimax-m3-dspark-tp4"
@@ -28,18 +22,8 @@ LAYOUT = "minimax-m3-dspark-tp4"
 
 @pytest.fixture(scope="module")
 def narrow_gfx942(tmp_path_factory: pytest.TempPathFactory):
-    root = Path(os.environ.get("MONO_AOT_TEST_STORE") or tmp_path_factory.mktemp("store"))
-    cmd = [sys.executable, "-m", "mono_aot", "build", "--layout", LAYOUT, "--arch", "gfx942",
-           "--variant", "narrow", "--store", str(root)]  # fmt: skip
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
-    assert p.returncode == 0, p.stderr
-    key = served_key("narrow", resolve_layout(LAYOUT), "gfx942")
-    layer = Layer(root, "store", True, "store")
-    entry, _, problem = layer.read_entry(key)
-    assert entry is not None, problem
-    blob, _, problem = layer.read_blob(entry.blob.sha256, entry.blob.size, key)
-    assert blob is not None, problem
-    return entry, blob
+    hit = stored_kernels(tmp_path_factory, LAYOUT, "gfx942", ("narrow",))[1]["narrow"]
+    return hit.entry, hit.data
 
 
 @pytest.mark.slow
