@@ -241,6 +241,12 @@ class Machine:
         gc.freeze()
         try:
             return self._run(max_instructions)
+        except BaseException:
+            # a fault stops the whole run: its launches still queued are dropped, so the next
+            # run starts from an empty queue rather than resuming them
+            for q in self.queues:
+                q.clear()
+            raise
         finally:
             gc.unfreeze()
 

@@ -300,3 +300,17 @@ def test_instruction_limit_names_the_spinning_wave():
         m = machine()
         m.launch(0, m.load(kernel_object(a)), 1, 64, kernargs(OUT))
         m.run(max_instructions=1000)
+
+
+def test_a_faulted_run_leaves_nothing_queued():
+    """A fault stops the whole run: the next run does not resume its launches."""
+    spin = Asm().label("l").branch("s_branch", "l")
+    m = machine()
+    k = m.load(kernel_object(spin))
+    m.launch(0, k, 1, 64, kernargs(OUT))
+    m.launch(0, k, 1, 64, kernargs(OUT))  # queued behind the first
+    m.launch(1, k, 1, 64, kernargs(OUT))
+    with pytest.raises(EmulatorError, match="instruction limit"):
+        m.run(max_instructions=1000)
+    st = m.run()
+    assert st.instructions == 0 and st.launches == []
