@@ -305,7 +305,7 @@ def test_instruction_limit_names_the_spinning_wave():
 def test_a_faulted_run_leaves_nothing_queued():
     """A fault stops the whole run: the next run does not resume its launches."""
     spin = Asm().label("l").branch("s_branch", "l")
-    m = machine()
+    m = machine(devices=2)
     k = m.load(kernel_object(spin))
     m.launch(0, k, 1, 64, kernargs(OUT))
     m.launch(0, k, 1, 64, kernargs(OUT))  # queued behind the first
