@@ -454,16 +454,8 @@ def test_standalone_matches_torch_on_gpu(tmp_path):
 
 
 def _small_layout():
-    """A layout a ninth of the shipped one's weights (for the CPU dry run)."""
-    import tomllib
-
-    from mono_aot.spec.layouts import parse_layout
-
-    doc = tomllib.loads(
-        (Path(__file__).resolve().parents[2] / "layouts" / f"{LAYOUT}.toml").read_text()
-    )
-    doc["model"].update(hidden=2048, heads=32, head_dim=64, rotary_dim=32, mlp=4096)
-    return parse_layout(doc, source="small layout", name="small")
+    """The small test layout (a ninth of the shipped one's weights) for the CPU dry run."""
+    return resolve_layout("emulator-tiny-tp4")
 
 
 def _stand_in(by_ptr: dict, fmt, wrong_layer: bool = False):
