@@ -60,8 +60,11 @@ def test_a_step_passes_against_the_reference(tmp_path, tiny_store, variant, requ
 
 
 def test_the_wrong_index_kernels_fail_the_same_check(tmp_path, tiny_store, wrong_index_build):
+    # narrow: its request's short context (23 positions) leaves the chunk's tail zero, so the
+    # shifted V rows change the output (0.24 here); the wide step's 255- and 256-position
+    # contexts under the random model's near-uniform attention did not (see the README)
     code, doc, err = emulate(
-        tmp_path, [tiny_store, wrong_index_build.store], "--check", "wide", "--requests", "2",
+        tmp_path, [tiny_store, wrong_index_build.store], "--check", "narrow",
         "--provider", f"{PROVIDER_DIR}:{PROVIDER_MODULE}",
     )  # fmt: skip
     assert code == 1, err
