@@ -322,7 +322,10 @@ class EmulatedSession(Session):
         self.peer_buffers = [torch.zeros(peer_bytes, dtype=torch.uint8) for _ in range(tp)]
         pe = [b.data_ptr() for b in self.peer_buffers]
         self.ranks: list[dict[str, Any]] = []
-        strict = {**(env or {}), "MONO_AOT_STRICT": "1"}  # kernels were ensured above
+        import os
+
+        # the runner looks the kernels up in this process's store layers (ensured above)
+        strict = {**(os.environ if env is None else env), "MONO_AOT_STRICT": "1"}
         for r, w in enumerate(pack_model(*self.model, layout, arch)):
             weights = {
                 "packed": dict(w.packed), "norms": dict(w.norms), "k_scale": w.k_scale,

@@ -67,7 +67,7 @@ def test_the_wrong_index_kernels_fail_the_same_check(tmp_path, tiny_store, wrong
         tmp_path, [tiny_store, wrong_index_build.store], "--check", "narrow",
         "--provider", f"{PROVIDER_DIR}:{PROVIDER_MODULE}",
     )  # fmt: skip
-    assert code == 1, err
+    assert code == 1, err + json.dumps(doc, indent=1)
     (check,) = doc["checks"]
     assert not check["ok"]
     (case,) = check["cases"]
