@@ -12,17 +12,17 @@ large to emulate, the ``emulate`` extra missing).
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
 import click
 
 from mono_aot.cli._common import emit_json, json_option, require_module
 from mono_aot.selftest.emulated import CHECKS, TEST_LAYOUT
-from mono_aot.spec.errors import EXIT_FAILED, EXIT_OK, BadInput
+from mono_aot.spec.errors import EXIT_FAILED, BadInput
 
 if TYPE_CHECKING:
     from mono_aot.spec.layouts import Layout
-
 
 
 @click.command(epilog="Exit codes: 0 all checks passed, 1 a check failed, 2 bad input.")
@@ -119,7 +119,10 @@ def emulate(
             f"emulate {'passed' if ok else 'FAILED'} ({layout.name}, {arch}): "
             f"{totals.instructions:,} wave-instructions, {totals.per_second:,.0f}/s"
         )
-    click.get_current_context().exit(EXIT_OK if ok else EXIT_FAILED)
+    if not ok:
+        # sys.exit, not ctx.exit: click returns ctx.exit's code from main() in non-standalone
+        # mode instead of raising it, and run_main would report success
+        sys.exit(EXIT_FAILED)
 
 
 def _provider_kernels(spec: str, layout: Layout, arch: str) -> dict[str, bytes]:

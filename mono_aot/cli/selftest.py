@@ -8,11 +8,13 @@ store; only a kernel missing from it needs FlyDSL (built once, unless MONO_AOT_S
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from mono_aot.cli._common import emit_json, json_option
 from mono_aot.selftest import CHECKS, DEFAULT_REPLAYS, run_selftest
-from mono_aot.spec.errors import EXIT_FAILED, EXIT_NO_DEVICE, EXIT_OK, BadInput
+from mono_aot.spec.errors import EXIT_FAILED, EXIT_NO_DEVICE, BadInput
 from mono_aot.spec.layouts import resolve_layout, shipped_layout_paths
 
 
@@ -69,4 +71,7 @@ def selftest(
         for r in results:
             click.echo(f"{'PASS' if r.ok else 'FAIL'} {r.name}: {r.detail} ({r.seconds:.0f} s)")
         click.echo(f"selftest {'passed' if ok else 'FAILED'} ({layout.name})")
-    click.get_current_context().exit(EXIT_OK if ok else EXIT_FAILED)
+    if not ok:
+        # sys.exit, not ctx.exit: click returns ctx.exit's code from main() in non-standalone
+        # mode instead of raising it, and run_main would report success
+        sys.exit(EXIT_FAILED)
