@@ -18,6 +18,7 @@ the emulator does not model (README, "Emulator").
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -322,8 +323,6 @@ class EmulatedSession(Session):
         self.peer_buffers = [torch.zeros(peer_bytes, dtype=torch.uint8) for _ in range(tp)]
         pe = [b.data_ptr() for b in self.peer_buffers]
         self.ranks: list[dict[str, Any]] = []
-        import os
-
         # the runner looks the kernels up in this process's store layers (ensured above)
         strict = {**(os.environ if env is None else env), "MONO_AOT_STRICT": "1"}
         for r, w in enumerate(pack_model(*self.model, layout, arch)):
