@@ -48,8 +48,9 @@ if TYPE_CHECKING:
     multiple=True,
     type=click.IntRange(1),
     metavar="N",
-    help="The narrow and wide checks run only these request counts (repeatable; default: "
-    "every count the variant serves).",
+    help="The narrow, wide and multi-launch checks run only these request counts "
+    "(repeatable; a count above one launch's is a multi-launch step; default: each check's "
+    "own counts).",
 )
 @click.option(
     "--seed",
@@ -82,11 +83,12 @@ def emulate(
 ) -> None:
     """Run a layout's kernels on emulated devices and print a verdict per check."""
     require_module("numpy", "mono-aot emulate", "emulate")
-    from mono_aot.selftest.emulated import run_emulation
+    from mono_aot.selftest.emulated import check_emulable, run_emulation
     from mono_aot.spec.layouts import resolve_layout
 
     layout = resolve_layout(layout_name)
     arch = arch or layout.archs[0]
+    check_emulable(layout, arch)  # before the provider's kernels are looked up for that arch
     log = (lambda s: None) if as_json else (lambda s: click.echo(s, err=True))
     replace = _provider_kernels(provider, layout, arch) if provider else None
     results, totals = run_emulation(

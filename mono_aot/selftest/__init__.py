@@ -195,6 +195,13 @@ class Session:
     dead-rank, dead-rank-realign and late-dispatch checks).
     """
 
+    # the short-wait kernels' bound (``short``: this or the layout's own if shorter), the most
+    # a live rank may take to give up on a dead peer (host launch and sync included) and the
+    # dead-rank check's step; the emulated session (mono_aot/selftest/emulated.py) has its own
+    dead_rank_wait_s = DEAD_RANK_WAIT_S
+    dead_rank_give_up_s = GIVE_UP_S
+    dead_rank_requests = 1
+
     def __init__(
         self,
         layout: Layout,
@@ -444,9 +451,10 @@ def _variant_check(s: Session, variant: Variant, only: Sequence[int] = ()) -> Ch
     return _summary(variant, s.run_counts(counts, variant), t0)
 
 
-def _multi_launch_check(s: Session) -> CheckResult:
+def _multi_launch_check(s: Session, only: Sequence[int] = ()) -> CheckResult:
+    """The steps of ``multi_launch_counts``, or those of ``only`` (each above one launch)."""
     t0 = time.perf_counter()
-    counts = multi_launch_counts(s.layout)
+    counts = list(only) or multi_launch_counts(s.layout)
     r = _summary("multi-launch", s.run_counts(counts, "multi-launch"), t0)
     r.detail = (
         "steps of "
@@ -457,38 +465,38 @@ def _multi_launch_check(s: Session) -> CheckResult:
 
 
 def _dead_rank_check(s: Session) -> CheckResult:
+    """The last rank never launches a step; the others must give up within the bound naming it,
+    and the next step (the host re-aligning step counters and health) must pass
+    (``cases.dead_rank_verdict``)."""
+    from mono_aot.selftest.cases import dead_rank_verdict
+
     t0 = time.perf_counter()
     lay = s.layout
     tp = lay.parallel.tp
-    count = 1
+    dead = tp - 1
+    count = s.dead_rank_requests
     prob = s.problem(request_specs(lay, count))
-    launch = [r != tp - 1 for r in range(tp)]
+    launch = [r != dead for r in range(tp)]
     answers = s.step(prob, launch=launch, runner="short", reset_health=True)
-    problems = []
-    want = (abi.STATUS_PEER_TIMEOUT, abi.PH_AR_ATTN, tp - 1)  # layer 0's first all-reduce
-    for a in answers[: tp - 1]:
-        h = a["health"]
-        if (h[abi.H_STATUS], h[abi.H_WHAT], h[abi.H_PEER]) != want:
-            problems.append(f"rank {a['rank']}: health {abi.describe_health(h)}")
-        if a["seconds"] > 10 * s.dead_rank_wait_s + 20:
-            problems.append(f"rank {a['rank']} took {a['seconds']:.1f} s to give up")
     # everyone back in step: the same step counter on every rank, health cleared, the same
     # peer buffers (stale mailbox contents must not pass for current ones)
     nxt = max(a["step"] for a in answers) + 1
     prob2 = s.problem(request_specs(lay, count, salt=1))
     answers2 = s.step(prob2, runner="short", set_step=nxt, reset_health=True)
-    res = s.judge(prob2, answers2)
-    if not res["ok"]:
-        problems.append(f"the step after the failure: {res}")
-    took = max(a["seconds"] for a in answers[: tp - 1])
-    detail = (
-        f"rank {tp - 1} never launched; ranks 0..{tp - 2} gave up after {took:.2f} s with "
-        f"'{abi.describe_health(answers[0]['health'])}'; the next full step: rel err "
-        f"{res['max_rel_error']:.2e}"
-    )
-    if problems:
-        detail = "; ".join(problems)
-    return CheckResult("dead-rank", not problems, detail, time.perf_counter() - t0, [res])
+    res = dead_rank_verdict(
+        lay, s.arch, prob2, s.reference(prob2), answers, answers2,
+        dead_rank=dead, wait_s=s.short.serving.peer_wait_s, give_up_s=s.dead_rank_give_up_s,
+    )  # fmt: skip
+    if res["ok"]:
+        detail = (
+            f"rank {dead} never launched ({describe_launches(lay, count)}); ranks "
+            f"0..{dead - 1} gave up after {max(res['dead_seconds']):.4g} s with "
+            f"'{res['dead_health'][0]}'; the next full step: rel err "
+            f"{res['max_rel_error']:.2e}"
+        )
+    else:
+        detail = "; ".join(res["problems"])
+    return CheckResult("dead-rank", res["ok"], detail, time.perf_counter() - t0, [res])
 
 
 def _fresh_step(s: Session, runner: str) -> int:

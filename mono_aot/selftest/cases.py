@@ -187,6 +187,65 @@ def judge(
     }
 
 
+# ---------------------------------------------------------------- dead rank
+
+
+def dead_rank_verdict(
+    layout: Layout,
+    arch: str,
+    prob: Problem,
+    ref: Reference,
+    dead: Sequence[dict[str, Any]],
+    after: Sequence[dict[str, Any]],
+    *,
+    dead_rank: int,
+    wait_s: float,
+    give_up_s: float,
+) -> dict[str, Any]:
+    """The dead-rank check: ``dead`` are the answers to a step in which ``dead_rank`` never
+    launched (health cleared before it); ``after`` the answers to the next step on every rank,
+    the host having set one step counter on all of them and cleared health, judged against
+    ``prob``'s reference.
+
+    Passes when every other rank recorded a peer timeout in layer 0's attention all-reduce
+    naming ``dead_rank`` after waiting at least ``wait_s`` (the kernels' bound: giving up
+    sooner would break a slow but live peer) and at most ``give_up_s``, the dead rank's health
+    stayed 0, and the next step passes ``judge``.
+    """
+    problems: list[str] = []
+    want = [abi.STATUS_PEER_TIMEOUT, abi.PH_AR_ATTN, dead_rank]
+    for a in dead:
+        r, h = a["rank"], [int(w) for w in a["health"]]
+        if r == dead_rank:
+            if h[abi.H_STATUS] != abi.STATUS_OK:
+                problems.append(f"rank {r} never launched yet has health {abi.describe_health(h)}")
+            continue
+        if h[: abi.H_STEP] != want:
+            problems.append(
+                f"rank {r}: the dead step recorded '{abi.describe_health(h)}', expected a peer "
+                f"timeout in layer 0's attention all-reduce naming rank {dead_rank}"
+            )
+        if not wait_s <= a["seconds"] <= give_up_s:
+            problems.append(
+                f"rank {r} gave up after {a['seconds']:.4g} s (expected {wait_s:g} to "
+                f"{give_up_s:g} s: one wait bound, then the launch ends)"
+            )
+    res = judge(layout, arch, prob, ref, after)
+    if not res["ok"]:
+        problems.append(
+            f"the step after the failure: rel err {res['max_rel_error']:.2e}, K/V bad bytes "
+            f"{res['kv_bad_bytes']}, health " + ", ".join(res["health"])
+        )
+    live = [a for a in dead if a["rank"] != dead_rank]
+    res.update(
+        ok=not problems,
+        problems=problems,
+        dead_health=[abi.describe_health(a["health"]) for a in live],
+        dead_seconds=[float(a["seconds"]) for a in live],
+    )
+    return res
+
+
 # ---------------------------------------------------------------- dead rank, no host re-align
 
 

@@ -41,6 +41,9 @@ CHECKS: tuple[str, ...] = ("narrow", "wide", "multi-launch", "dead-rank")
 # The dead-rank kernels' wait bound, in the emulator's virtual time: far above the few
 # hundred microseconds a small layout's launch takes, and cheap to spin through.
 EMULATED_WAIT_S = 0.002
+# The emulated time a launch of a small layout may take at most (the small layout's take
+# 0.1-0.3 ms): a rank gives up on a dead peer within its wait bound plus this.
+EMULATED_LAUNCH_S = 0.001
 # Every launch of the shipped layout takes hours in Python: refuse layouts whose grid is
 # larger than this many waves per device (a small layout has a few dozen).
 MAX_WAVES_PER_DEVICE = 256
@@ -261,6 +264,18 @@ class EmulatedSession(Session):
 
     dead_rank_wait_s = EMULATED_WAIT_S
 
+    @property
+    def dead_rank_give_up_s(self) -> float:  # type: ignore[override]
+        """On the virtual clock there is no host overhead: one wait bound plus one launch."""
+        assert self.short is not None
+        return self.short.serving.peer_wait_s + EMULATED_LAUNCH_S
+
+    @property
+    def dead_rank_requests(self) -> int:  # type: ignore[override]
+        """The cheapest step to emulate: the wide kernel's smallest (its MFMA GEMMs take a
+        third of the narrow GEMV's wave-instructions on the small layout: 7M against 20M)."""
+        return self.layout.serving.wide_base if "wide" in self.layout.variants() else 1
+
     def __init__(
         self,
         layout: Layout,
@@ -449,8 +464,15 @@ def _tensors(
     return out
 
 
-def check_size(layout: Layout, arch: str) -> None:
-    """Refuse a layout whose launches would take hours in the emulator, saying why."""
+def check_emulable(layout: Layout, arch: str) -> None:
+    """Refuse an arch the layout does not target, and a layout whose launches would take
+    hours in the emulator, saying why."""
+    if arch not in layout.targets:
+        raise BadInput(
+            f"layout {layout.name} targets {', '.join(layout.archs)}",
+            field="arch",
+            value=arch,
+        )
     waves = waves_per_device(layout, arch)
     if waves > MAX_WAVES_PER_DEVICE:
         raise BadInput(
@@ -476,8 +498,8 @@ def run_emulation(
     requests: Sequence[int] = (),
 ) -> tuple[list[CheckResult], Totals]:
     """The ``checks`` on ``tp`` emulated devices of ``arch``; their verdicts and the totals.
-    ``requests``: the narrow and wide checks run only these request counts (each served by the
-    variant checked)."""
+    ``requests``: the narrow, wide and multi-launch checks run only these request counts (a
+    count one launch serves goes to its variant's check, a larger one is a multi-launch step)."""
     from mono_aot.selftest import (
         _dead_rank_check,
         _multi_launch_check,
@@ -489,18 +511,14 @@ def run_emulation(
     unknown = [c for c in checks if c not in CHECKS]
     if unknown:
         raise BadInput(f"unknown check(s) {', '.join(unknown)}; choose from {', '.join(CHECKS)}")
-    if arch not in layout.targets:
-        raise BadInput(
-            f"layout {layout.name} targets {', '.join(layout.archs)}",
-            field="arch",
-            value=arch,
-        )
-    check_size(layout, arch)
+    check_emulable(layout, arch)
     served = {n for v in layout.variants() for n in request_counts(layout, v)}
-    unserved = [n for n in requests if n not in served]
+    several = [n for n in requests if layout.serving.chunk_reqs < n <= layout.serving.max_reqs]
+    unserved = [n for n in requests if n not in served and n not in several]
     if unserved:
         raise BadInput(
-            f"layout {layout.name}'s launches serve {min(served)}..{max(served)} requests",
+            f"layout {layout.name}'s steps hold 1..{layout.serving.max_reqs} requests (one "
+            f"launch {min(served)}..{max(served)}, more are multi-launch steps)",
             field="requests",
             value=",".join(map(str, unserved)),
         )
@@ -508,7 +526,7 @@ def run_emulation(
     wanted = [c for c in wanted if c != "narrow" or "narrow" in layout.variants()]
     biggest = max(
         [layout.serving.chunk_reqs]
-        + (multi_launch_counts(layout) if "multi-launch" in wanted else [])
+        + ((several or multi_launch_counts(layout)) if "multi-launch" in wanted else [])
     )
     results: list[CheckResult] = []
     with EmulatedSession(
@@ -532,7 +550,9 @@ def run_emulation(
                         continue  # none of the counts asked for is this variant's
                     results.append(_variant_check(s, c, only))  # type: ignore[arg-type]
                 elif c == "multi-launch":
-                    results.append(_multi_launch_check(s))
+                    if requests and not several:
+                        continue  # only single-launch counts were asked for
+                    results.append(_multi_launch_check(s, several))
                 else:
                     results.append(_dead_rank_check(s))
             except EmulationFailed as e:

@@ -1,6 +1,6 @@
 """``mono-aot emulate`` refuses what it cannot run before any work: a layout too large to
 emulate (the shipped one: 304 workgroups of 8 waves per device), an arch the layout does not
-target, an unknown check, a request count no launch serves. One ``mono-aot:`` line naming the option, exit 2."""
+target (before anything else is looked up), an unknown check, a request count no step holds. One ``mono-aot:`` line naming the option, exit 2."""
 
 from __future__ import annotations
 
@@ -31,8 +31,13 @@ def run(*args: str) -> subprocess.CompletedProcess:
         ),
         (["--check", "graph-replay"], "mono-aot: emulate: Invalid value for '--check'"),
         (
-            ["--requests", "9"],
-            "mono-aot: --requests 9: layout emulator-tiny-tp4's launches serve 1..5 requests",
+            ["--requests", "17"],
+            "mono-aot: --requests 17: layout emulator-tiny-tp4's steps hold 1..16 requests (one "
+            "launch 1..5, more are multi-launch steps)",
+        ),
+        (  # the arch is refused before the provider's kernels for it are looked up
+            ["--arch", "gfx90a", "--provider", "no-such-dir:no_module"],
+            "mono-aot: --arch gfx90a: layout emulator-tiny-tp4 targets gfx942, gfx950",
         ),
     ],
 )

@@ -215,6 +215,58 @@ def test_realign_verdict_fails_a_dead_step_that_went_wrong(step, rank, change, s
     assert not res["ok"] and any(says in p for p in res["problems"]), res["problems"]
 
 
+# ---------------------------------------------------------------- dead-rank verdict
+
+
+def _dead_rank(prob, ref, dead, after):
+    return cases.dead_rank_verdict(
+        SMALL, ARCH, prob, ref, dead, after, dead_rank=3, wait_s=WAIT, give_up_s=GIVE_UP
+    )
+
+
+def test_dead_rank_verdict_passes_a_bounded_timeout_naming_the_dead_rank(step):
+    """The host re-aligned the step counters and cleared health before the next step."""
+    prob, ref = step
+    res = _dead_rank(prob, ref, _dead(), _answers(ref))
+    assert res["ok"] and res["problems"] == []
+    assert res["dead_seconds"] == [WAIT + 0.05] * 3 and len(res["dead_health"]) == 3
+
+
+@pytest.mark.parametrize(
+    ("rank", "change", "says"),
+    [
+        (1, {"health": [abi.STATUS_PEER_TIMEOUT, abi.PH_AR_ATTN, 2, 7]}, "rank 1: the dead step"),
+        (0, {"health": [abi.STATUS_PEER_TIMEOUT, abi.PH_AR_MLP, 3, 7]}, "naming rank 3"),
+        (2, {"health": [0, 0, 0, 0]}, "rank 2: the dead step recorded 'ok'"),
+        (3, {"health": [abi.STATUS_PEER_TIMEOUT, abi.PH_AR_ATTN, 0, 7]}, "rank 3 never launched"),
+        (2, {"seconds": GIVE_UP + 1}, "rank 2 gave up after"),
+        (1, {"seconds": WAIT / 2}, f"expected {WAIT:g} to"),  # gave up before its bound
+    ],
+)
+def test_dead_rank_verdict_fails_a_dead_step_that_went_wrong(step, rank, change, says):
+    prob, ref = step
+    dead = _dead()
+    dead[rank] = dict(dead[rank], **change)
+    res = _dead_rank(prob, ref, dead, _answers(ref))
+    assert not res["ok"] and any(says in p for p in res["problems"]), res["problems"]
+
+
+def test_dead_rank_verdict_fails_a_wrong_step_after_the_failure(step):
+    prob, ref = step
+    after = _answers(ref)
+    after[2] = dict(after[2], out=after[2]["out"] * 1.5)  # stale partials summed, say
+    res = _dead_rank(prob, ref, _dead(), after)
+    assert not res["ok"] and len(res["problems"]) == 1, res["problems"]
+    assert res["problems"][0].startswith("the step after the failure: rel err")
+
+
+def test_the_gpu_session_has_the_dead_rank_bounds_its_checks_read():
+    """``_dead_rank_check`` and the short-wait runner read them from the session (the emulated
+    session overrides them): the GPU session must carry its own."""
+    assert st.Session.dead_rank_wait_s == WAIT and st.Session.dead_rank_give_up_s == GIVE_UP
+    assert st.Session.dead_rank_requests == 1  # the cheapest step on a GPU: one narrow launch
+
+
 def test_judge_accepts_kept_health_only_when_it_is_exactly_the_earlier_failure(step):
     prob, ref = step
     earlier = [abi.STATUS_PEER_TIMEOUT, abi.PH_AR_ATTN, 3, 7]
