@@ -12,7 +12,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_PIN ?= vllm==0.33.0
 
-.PHONY: setup test test-fast test-rocm test-vllm setup-vllm build wheel dist lint clean bench
+.PHONY: setup test test-fast test-rocm test-vllm test-emulator setup-vllm build wheel dist lint clean bench
 
 setup: $(BIN)/mono-aot
 
@@ -60,6 +60,12 @@ test-rocm: setup
 
 build: setup
 	$(BIN)/mono-aot build --arch $(ARCH)
+
+# Every check of `mono-aot emulate` on the small layout on both archs (README, "Emulator"):
+# the whole matrix CI takes a sample of; about half an hour an arch on one core.
+EMULATE_ARCHS ?= gfx942 gfx950
+test-emulator: setup
+	for a in $(EMULATE_ARCHS); do $(BIN)/mono-aot emulate --arch $$a || exit 1; done
 
 # Serving and build costs measured side by side on this machine (README, "mono-aot bench");
 # make bench BENCH_ARGS=--quick for the short run, BENCH_ARGS=--json for the document.

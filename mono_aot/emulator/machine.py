@@ -16,7 +16,10 @@ a fixed latency (``wave.LATENCY``). ``s_memrealtime`` reads the 100 MHz constant
 smallest clock (ties broken by a seeded RNG) for a quantum of instructions or until it yields
 (s_sleep, s_barrier, s_endpgm, an atomic, an s_waitcnt that waited); ``shuffle`` draws each
 quantum at random. All devices' waves share one scheduler, so a wave spinning on a flag another
-device writes lets every clock advance. Launches on one device run in order (one stream).
+device writes lets every clock advance. Launches on one device run in order (one stream). The
+host queues a run's launches after the previous run returned, so none starts before the latest
+clock of any device: a device that sat idle (a rank that skipped a step) catches up, or its
+next launch would begin in the emulated past and time out waiting for peers still to start.
 
 Memory is sequentially consistent at instruction granularity: a load reads memory when it
 executes, a store writes it when it executes, an atomic is one indivisible step per lane (lanes
@@ -174,8 +177,7 @@ class Machine:
         self.shuffle = shuffle
         self.rng = np.random.default_rng(seed)
         self.queues: list[list[Launch]] = [[] for _ in range(devices)]
-        self.now = 0  # cycles: the clock at which the next launch of an idle device starts
-        self.device_time = [0] * devices
+        self.device_time = [0] * devices  # cycles: when each device's last launch ended
         self.ops: dict[str, Callable] = _lane_ops()  # the lane operations load binds
 
     # ------------------------------------------------------------------ loading
@@ -257,7 +259,7 @@ class Machine:
         active: dict[int, Launch | None] = {d: None for d in range(self.devices)}
         wave_launch: dict[int, Launch] = {}
         stats: list[LaunchStats] = []
-        start = min(self.device_time) if self.devices else 0
+        start = max(self.device_time) if self.devices else 0  # the host's clock (module doc)
         executed = 0
         rng = self.rng
 
@@ -282,7 +284,7 @@ class Machine:
             active[dev] = None
 
         for d in range(self.devices):
-            start_next(d, self.device_time[d])
+            start_next(d, start)
         limit = max_instructions
         try:
             while heap:

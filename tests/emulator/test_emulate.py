@@ -1,8 +1,14 @@
 """``mono-aot emulate`` end to end: the small layout's stored code objects on 4 emulated ranks,
-bound by the runtime's runner, judged by the selftest's verdicts against the float64 reference
-(``mono_aot/selftest/emulated.py``); and the wrong-index provider's build of the same kernels
-(``tests/emulator/wrong_index.py``) fails the same check. Slow: the narrow step is about 20
-million wave-instructions, a wide step of 2 requests about 7 million."""
+bound by the runtime's own runner, judged by the selftest's verdicts against the float64
+reference (``mono_aot/selftest/emulated.py``); and the wrong-index provider's build of the same
+kernels (``tests/emulator/wrong_index.py``) fails the same check.
+
+Slow: a narrow step is about 20 million wave-instructions, a wide step of 2 requests about 7
+million. CI takes a sample of the whole matrix (``make test-emulator`` runs every check on both
+archs): each check kind at least once, the narrow and wide steps on both archs. The module runs
+the emulations its selected tests judge two at a time, one per core, as soon as it starts (a
+test then waits for its own); ``-k`` selects fewer of them.
+"""
 
 from __future__ import annotations
 
@@ -10,26 +16,63 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from mono_aot.selftest.cases import TOLERANCE
+from mono_aot.spec import abi
 from tests.conftest import TINY_LAYOUT
 from tests.emulator.conftest import stored_kernels
 from tests.emulator.wrong_index import PROVIDER_DIR, PROVIDER_MODULE
 
 pytestmark = pytest.mark.slow
-ARCH = "gfx942"
+PROVIDER = f"{PROVIDER_DIR}:{PROVIDER_MODULE}"
+PARALLEL = 2  # emulations at once: CI's cores
 
 
-@pytest.fixture(scope="module")
-def tiny_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The small layout's real kernels for ``ARCH`` in a store."""
-    return stored_kernels(tmp_path_factory, TINY_LAYOUT, ARCH)[0]
+@dataclass(frozen=True)
+class Emulation:
+    arch: str
+    args: tuple[str, ...]
+    wrong_index: bool = False  # the wrong-index provider's kernels in place of the real ones
 
 
-def emulate(tmp_path: Path, stores: list[Path], *args: str) -> tuple[int, dict, str]:
+# every emulate run a test below judges, the longest first (they share PARALLEL workers)
+EMULATIONS = {
+    "narrow-gfx942": Emulation("gfx942", ("--check", "narrow")),
+    "narrow-gfx950": Emulation("gfx950", ("--check", "narrow")),
+    "wrong-index-gfx942": Emulation("gfx942", ("--check", "narrow"), wrong_index=True),
+    # wide 5 + wide 2: the cheapest step of several launches on the small layout
+    "multi-launch-gfx950": Emulation("gfx950", ("--check", "multi-launch", "--requests", "7")),
+    "dead-rank-gfx942": Emulation("gfx942", ("--check", "dead-rank")),
+    # 24 tokens: two token tiles, the last partial; 2 requests: one full tile
+    "wide-3-gfx950": Emulation("gfx950", ("--check", "wide", "--requests", "3")),
+    "wide-2-gfx942": Emulation("gfx942", ("--check", "wide", "--requests", "2")),
+}
+
+
+@dataclass(frozen=True)
+class Result:
+    code: int
+    doc: dict
+    err: str
+
+    def why(self) -> str:
+        return self.err + json.dumps(self.doc, indent=1)
+
+    def only_case(self, check: str) -> dict:
+        """The one check's one case, after asserting it is the check asked for."""
+        (c,) = self.doc["checks"]
+        assert c["check"] == check, self.why()
+        (case,) = c["cases"]
+        return case
+
+
+def emulate(tmp_path: Path, stores: list[Path], arch: str, *args: str) -> Result:
     env = {
         **os.environ,
         "MONO_AOT_PATH": os.pathsep.join(map(str, stores)),
@@ -37,38 +80,99 @@ def emulate(tmp_path: Path, stores: list[Path], *args: str) -> tuple[int, dict, 
         "MONO_AOT_STRICT": "1",
     }
     p = subprocess.run(
-        [sys.executable, "-m", "mono_aot", "emulate", "--json", "--arch", ARCH, *args],
+        [sys.executable, "-m", "mono_aot", "emulate", "--json", "--arch", arch, *args],
         capture_output=True, text=True, timeout=3600, env=env, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     doc = json.loads(p.stdout) if p.stdout.strip() else {}
-    return p.returncode, doc, p.stderr
+    return Result(p.returncode, doc, p.stderr)
+
+
+@pytest.fixture(scope="module")
+def tiny_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store holding the small layout's real kernels for both archs."""
+    root = None
+    for arch in ("gfx942", "gfx950"):
+        root = stored_kernels(tmp_path_factory, TINY_LAYOUT, arch)[0]
+    assert root is not None
+    return root
+
+
+@pytest.fixture(scope="module")
+def emulations(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tiny_store: Path
+) -> Iterator[dict[str, Future[Result]]]:
+    """The emulations the selected tests of this module judge, started at once."""
+    wanted = {
+        item.callspec.params["emulation"]
+        for item in request.session.items
+        if item.module is request.module
+        and "emulation" in getattr(getattr(item, "callspec", None), "params", {})
+    }
+    wrong = None
+    if any(EMULATIONS[n].wrong_index for n in wanted):
+        wrong = request.getfixturevalue("wrong_index_build").store  # conftest.py, once a session
+    pool = ThreadPoolExecutor(PARALLEL, thread_name_prefix="emulate")
+    futures = {}
+    for name, e in EMULATIONS.items():
+        if name in wanted:
+            stores = [tiny_store] + ([wrong] if e.wrong_index else [])
+            args = (*e.args, "--provider", PROVIDER) if e.wrong_index else e.args
+            tmp = tmp_path_factory.mktemp(name)
+            futures[name] = pool.submit(emulate, tmp, stores, e.arch, *args)  # type: ignore[arg-type]
+    yield futures
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 @pytest.mark.parametrize(
-    ("variant", "requests"), [("narrow", "1"), ("wide", "2")], ids=["narrow", "wide"]
+    "emulation", ["narrow-gfx942", "wide-2-gfx942", "narrow-gfx950", "wide-3-gfx950"]
 )
-def test_a_step_passes_against_the_reference(tmp_path, tiny_store, variant, requests):
-    """The narrow step (the VALU GEMV) and a wide step of 2 requests (the MFMA GEMM)."""
-    code, doc, err = emulate(tmp_path, [tiny_store], "--check", variant, "--requests", requests)
-    assert code == 0, err + json.dumps(doc, indent=1)
-    (check,) = doc["checks"]
-    assert check["check"] == variant and check["ok"]
-    (case,) = check["cases"]
+def test_a_step_passes_against_the_reference(emulations, emulation):
+    """The narrow step (the VALU GEMV) and wide steps (the MFMA GEMM) on both archs."""
+    r = emulations[emulation].result()
+    assert r.code == 0 and r.doc["ok"], r.why()
+    case = r.only_case(EMULATIONS[emulation].args[1])
     assert case["max_rel_error"] <= TOLERANCE and case["kv_bad_bytes"] == 0
     assert case["health"] == ["ok"] * 4
-    assert doc["instructions"] > 1_000_000  # the whole step ran, on every rank
+    assert r.doc["instructions"] > 1_000_000  # the whole step ran, on every rank
 
 
-def test_the_wrong_index_kernels_fail_the_same_check(tmp_path, tiny_store, wrong_index_build):
+@pytest.mark.parametrize("emulation", ["multi-launch-gfx950"])
+def test_a_step_of_several_launches_passes(emulations, emulation):
+    """Two launches in one step on one stream: the second's inputs start at request 5, its
+    all-reduce tags follow the first's, the caches hold both launches' rows."""
+    r = emulations[emulation].result()
+    assert r.code == 0, r.why()
+    case = r.only_case("multi-launch")
+    assert case["ok"] and case["launches"] == "wide 5 + wide 2" and case["requests"] == 7
+    assert case["max_rel_error"] <= TOLERANCE and case["kv_bad_bytes"] == 0
+    assert case["health"] == ["ok"] * 4
+
+
+@pytest.mark.parametrize("emulation", ["dead-rank-gfx942"])
+def test_a_dead_rank_is_named_within_the_wait_bound_and_the_next_step_passes(emulations, emulation):
+    """Rank 3 never launches: ranks 0-2 record a peer timeout naming rank 3 in layer 0's
+    attention all-reduce after the short-wait kernels' bound (the small layout's own 0.5 ms of
+    emulated time) and before one more launch's worth; the next step passes on all four."""
+    r = emulations[emulation].result()
+    assert r.code == 0, r.why()
+    case = r.only_case("dead-rank")
+    assert case["ok"] and case["problems"] == []
+    assert len(case["dead_health"]) == 3
+    for h in case["dead_health"]:
+        assert h.startswith(abi.STATUS_NAMES[abi.STATUS_PEER_TIMEOUT]), h
+        assert "(layer 0, " in h and ", rank 3, step " in h
+    assert all(0.0005 <= s <= 0.0015 for s in case["dead_seconds"]), case["dead_seconds"]
+    assert case["max_rel_error"] <= TOLERANCE and case["health"] == ["ok"] * 4
+
+
+@pytest.mark.parametrize("emulation", ["wrong-index-gfx942"])
+def test_the_wrong_index_kernels_fail_the_same_check(emulations, emulation):
     # narrow: its request's short context (23 positions) leaves the chunk's tail zero, so the
     # shifted V rows change the output (0.24 here); the wide step's 255- and 256-position
     # contexts under the random model's near-uniform attention did not (see the README)
-    code, doc, err = emulate(
-        tmp_path, [tiny_store, wrong_index_build.store], "--check", "narrow",
-        "--provider", f"{PROVIDER_DIR}:{PROVIDER_MODULE}",
-    )  # fmt: skip
-    assert code == 1, err + json.dumps(doc, indent=1)
-    (check,) = doc["checks"]
+    r = emulations[emulation].result()
+    assert r.code == 1, r.why()
+    (check,) = r.doc["checks"]
     assert not check["ok"]
     (case,) = check["cases"]
     assert case["max_rel_error"] > TOLERANCE  # the output is judged, not only the cache
@@ -76,9 +180,6 @@ def test_the_wrong_index_kernels_fail_the_same_check(tmp_path, tiny_store, wrong
 
 
 def test_a_provider_without_a_build_is_refused(tmp_path, tiny_store):
-    code, doc, err = emulate(
-        tmp_path, [tiny_store], "--check", "narrow",
-        "--provider", f"{PROVIDER_DIR}:{PROVIDER_MODULE}",
-    )  # fmt: skip
-    assert code == 2 and not doc
-    assert f"--provider {PROVIDER_DIR}:{PROVIDER_MODULE}: no narrow kernel of this provider" in err
+    r = emulate(tmp_path, [tiny_store], "gfx942", "--check", "narrow", "--provider", PROVIDER)
+    assert r.code == 2 and not r.doc
+    assert f"--provider {PROVIDER}: no narrow kernel of this provider" in r.err

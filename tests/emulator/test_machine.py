@@ -294,6 +294,25 @@ def test_launches_on_one_device_run_in_order():
     assert st.launches[0].end_cycles <= st.launches[1].start_cycles
 
 
+def test_a_device_idle_in_one_run_starts_the_next_with_the_others():
+    """The host queues a run's launches after the previous run returned: a device that sat
+    out a run (a rank that skipped a step) must not start in the emulated past, or it would
+    wait for peers that have not started and time out at once."""
+    busy = prologue(Asm()).sopp("s_sleep", 100).endpgm()
+    m = machine(devices=2)
+    buffer(m, OUT, 64)
+    k = m.load(kernel_object(busy))
+    m.launch(0, k, 1, 64, kernargs(OUT))
+    first = m.run()
+    m.launch(0, k, 1, 64, kernargs(OUT))
+    m.launch(1, k, 1, 64, kernargs(OUT))
+    second = m.run()
+    ends = first.launches[0].end_cycles
+    assert ends >= 6400
+    assert sorted(x.start_cycles for x in second.launches) == [ends, ends]
+    assert second.virtual_seconds == pytest.approx(first.virtual_seconds, rel=0.1)
+
+
 def test_instruction_limit_names_the_spinning_wave():
     a = Asm().label("l").branch("s_branch", "l")
     with pytest.raises(EmulatorError, match=r"instruction limit 1000 reached.*workgroup 0 wave 0"):
