@@ -516,10 +516,13 @@ class MfmaShape:
     with ``kpl = k // 4`` elements a lane, A[i][kk] is element ``kk % kpl`` (dword
     ``e // 2``, low half first) of lane ``16 * (kk // kpl) + i``; B[kk][j] the same element of
     lane ``16 * (kk // kpl) + j``; C/D[i][j] is dword ``i % 4`` of lane ``16 * (i // 4) + j``.
-    The gfx950 32-deep form is taken as the same equations with 8 elements a lane (what
-    compilers targeting gfx950 use, e.g. Triton's kWidth 8); the calculator version available
-    here predates CDNA4, so that one is not checked against an AMD table. The shipped GEMM
-    only needs A and B to agree on K (``mono_aot/kernels/mfma.py``); attention also reads D.
+    The gfx950 32-deep form is the same equations with 8 elements a lane: the calculator does
+    not cover CDNA4, but AMD's composable_kernel describes this instruction so (ck_tile's
+    ``WarpGemmAttributeMfmaImplBf16Bf16F32M16N16K32``: 16 M/N lanes, 4 K lane groups of 8
+    elements, C as 4 M lane groups of 4 dwords; the same in its ``xdlops_gemm.hpp``). Which K
+    index an element carries is not observable when A and B agree (the products are summed
+    exactly); the M, N and C/D mappings are. The shipped GEMM only needs A and B to agree on K
+    (``mono_aot/kernels/mfma.py``); attention also reads D.
     """
 
     name: str

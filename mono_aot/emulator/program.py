@@ -23,8 +23,9 @@ guide ("AMD Instinct MI300 ISA", chapters "Vector ALU Operations" and "Microcode
 * VOP3P packed f32: each 64-bit source is passed as ``(64, 2)`` with column 0 = the dword
   ``op_sel[i]`` selects and column 1 = the one ``op_sel_hi[i]`` selects, then ``neg_lo``/
   ``neg_hi`` flip the sign of column 0/1. ``v_pk_mov_b32`` is the executor's: D.lo =
-  S0[op_sel[0]], D.hi = S1[op_sel[1]] (op_sel_hi is ignored; the shipped kernels' data flow
-  only makes sense that way).
+  S0[op_sel[0]], D.hi = S1[op_sel[1]], op_sel_hi ignored (the ISA guide's pseudo-code names
+  only OPSEL; LLVM lowers a 64-bit copy and a word swap to it with equal op_sel_hi and op_sel
+  [0,1] vs [1,0]); neg and clamp, which the pseudo-code does not define, are refused.
 * ``v_fmac_f32`` (``mac``): the accumulator (the old destination) is the third source and also
   ``ctx.old_dst``; carry-in, ``v_cndmask`` select and ``v_div_fmas`` VCC arrive as ``ctx.mask``.
 * results are written under EXEC; a compare's mask (and a carry-out) is written to VCC or the
