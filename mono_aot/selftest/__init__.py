@@ -528,7 +528,8 @@ def _dead_rank_realign_check(s: Session) -> CheckResult:
     answers2 = s.step(prob2, runner="short")  # no set_step, no reset_health
     res = realign_verdict(
         lay, s.arch, prob2, s.reference(prob2), answers, answers2,
-        dead_rank=dead, start_step=start, give_up_s=GIVE_UP_S,
+        dead_rank=dead, start_step=start, wait_s=s.short.serving.peer_wait_s,
+        give_up_s=s.dead_rank_give_up_s,
     )  # fmt: skip
     if res["ok"]:
         detail = (

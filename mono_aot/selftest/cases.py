@@ -190,6 +190,40 @@ def judge(
 # ---------------------------------------------------------------- dead rank
 
 
+def dead_step_problems(
+    dead: Sequence[dict[str, Any]],
+    dead_rank: int,
+    want: Sequence[int],
+    wait_s: float,
+    give_up_s: float,
+    expected: str,
+) -> tuple[list[str], dict[int, list[int]]]:
+    """What is wrong with the answers to a step ``dead_rank`` never launched, and each rank's
+    health words: every other rank must have recorded ``want`` (the first health words;
+    ``expected`` says it in words) after waiting at least ``wait_s`` (the kernels' bound: giving
+    up sooner would break a slow but live peer) and at most ``give_up_s``; the dead rank's
+    health must still be 0."""
+    problems: list[str] = []
+    health: dict[int, list[int]] = {}
+    for a in dead:
+        r, h = a["rank"], [int(w) for w in a["health"]]
+        health[r] = h
+        if r == dead_rank:
+            if h[abi.H_STATUS] != abi.STATUS_OK:
+                problems.append(f"rank {r} never launched yet has health {abi.describe_health(h)}")
+            continue
+        if h[: len(want)] != list(want):
+            problems.append(
+                f"rank {r}: the dead step recorded '{abi.describe_health(h)}', expected {expected}"
+            )
+        if not wait_s <= a["seconds"] <= give_up_s:
+            problems.append(
+                f"rank {r} gave up after {a['seconds']:.4g} s (expected {wait_s:g} to "
+                f"{give_up_s:g} s: one wait bound, then the launch ends)"
+            )
+    return problems, health
+
+
 def dead_rank_verdict(
     layout: Layout,
     arch: str,
@@ -208,28 +242,14 @@ def dead_rank_verdict(
     ``prob``'s reference.
 
     Passes when every other rank recorded a peer timeout in layer 0's attention all-reduce
-    naming ``dead_rank`` after waiting at least ``wait_s`` (the kernels' bound: giving up
-    sooner would break a slow but live peer) and at most ``give_up_s``, the dead rank's health
-    stayed 0, and the next step passes ``judge``.
+    naming ``dead_rank`` between ``wait_s`` and ``give_up_s`` (``dead_step_problems``), the
+    dead rank's health stayed 0, and the next step passes ``judge``.
     """
-    problems: list[str] = []
     want = [abi.STATUS_PEER_TIMEOUT, abi.PH_AR_ATTN, dead_rank]
-    for a in dead:
-        r, h = a["rank"], [int(w) for w in a["health"]]
-        if r == dead_rank:
-            if h[abi.H_STATUS] != abi.STATUS_OK:
-                problems.append(f"rank {r} never launched yet has health {abi.describe_health(h)}")
-            continue
-        if h[: abi.H_STEP] != want:
-            problems.append(
-                f"rank {r}: the dead step recorded '{abi.describe_health(h)}', expected a peer "
-                f"timeout in layer 0's attention all-reduce naming rank {dead_rank}"
-            )
-        if not wait_s <= a["seconds"] <= give_up_s:
-            problems.append(
-                f"rank {r} gave up after {a['seconds']:.4g} s (expected {wait_s:g} to "
-                f"{give_up_s:g} s: one wait bound, then the launch ends)"
-            )
+    problems, _ = dead_step_problems(
+        dead, dead_rank, want, wait_s, give_up_s,
+        f"a peer timeout in layer 0's attention all-reduce naming rank {dead_rank}",
+    )  # fmt: skip
     res = judge(layout, arch, prob, ref, after)
     if not res["ok"]:
         problems.append(
@@ -259,6 +279,7 @@ def realign_verdict(
     *,
     dead_rank: int,
     start_step: int,
+    wait_s: float,
     give_up_s: float,
 ) -> dict[str, Any]:
     """The dead-rank-realign check: ``dead`` are the answers to a step every rank began at
@@ -266,28 +287,16 @@ def realign_verdict(
     answers to the next step on every rank with no host reset of ``step`` or ``health``, judged
     against ``prob``'s reference.
 
-    Passes when every other rank gave up within ``give_up_s`` with a peer timeout in layer 0's
-    attention all-reduce naming ``dead_rank`` at ``start_step``, the dead rank's health stayed 0,
-    and the next step matches the reference on every rank, each rank's health being 0 or still
-    the failure the dead step recorded (the kernels keep the first failure; nobody clears it).
+    Passes when every other rank gave up between ``wait_s`` and ``give_up_s`` with a peer
+    timeout in layer 0's attention all-reduce naming ``dead_rank`` at ``start_step``
+    (``dead_step_problems``), the dead rank's health stayed 0, and the next step matches the
+    reference on every rank, each rank's health being 0 or still the failure the dead step
+    recorded (the kernels keep the first failure; nobody clears it).
     """
-    problems: list[str] = []
     want = [abi.STATUS_PEER_TIMEOUT, abi.PH_AR_ATTN, dead_rank, start_step]
-    prior: dict[int, list[int]] = {}
-    for a in dead:
-        r, h = a["rank"], [int(w) for w in a["health"]]
-        prior[r] = h
-        if r == dead_rank:
-            if h[abi.H_STATUS] != abi.STATUS_OK:
-                problems.append(f"rank {r} never launched yet has health {abi.describe_health(h)}")
-            continue
-        if h != want:
-            problems.append(
-                f"rank {r}: the dead step recorded '{abi.describe_health(h)}', expected "
-                f"'{abi.describe_health(want)}'"
-            )
-        if a["seconds"] > give_up_s:
-            problems.append(f"rank {r} took {a['seconds']:.1f} s to give up (bound {give_up_s} s)")
+    problems, prior = dead_step_problems(
+        dead, dead_rank, want, wait_s, give_up_s, f"'{abi.describe_health(want)}'"
+    )
     res = judge(layout, arch, prob, ref, after, prior_health=prior)
     steps_dead = {a["rank"]: int(a["step"]) for a in dead}
     steps_after = {a["rank"]: int(a["step"]) for a in after}

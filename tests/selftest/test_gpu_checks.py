@@ -163,7 +163,16 @@ def _after(ref, dead_answers):
 
 def _realign(prob, ref, dead, after):
     return cases.realign_verdict(
-        SMALL, ARCH, prob, ref, dead, after, dead_rank=3, start_step=7, give_up_s=GIVE_UP
+        SMALL,
+        ARCH,
+        prob,
+        ref,
+        dead,
+        after,
+        dead_rank=3,
+        start_step=7,
+        wait_s=WAIT,
+        give_up_s=GIVE_UP,
     )
 
 
@@ -203,7 +212,7 @@ def test_realign_verdict_fails_a_next_step_that_did_not_meet_and_names_the_step_
         (0, {"health": [abi.STATUS_BARRIER_TIMEOUT, abi.PH_EMBED, 0, 7]}, "rank 0: the dead step"),
         (2, {"health": [abi.STATUS_PEER_TIMEOUT, abi.PH_AR_ATTN, 3, 6]}, "expected 'timed out"),
         (3, {"health": [abi.STATUS_PEER_TIMEOUT, abi.PH_AR_ATTN, 0, 7]}, "rank 3 never launched"),
-        (2, {"seconds": GIVE_UP + 1}, "rank 2 took"),
+        (2, {"seconds": GIVE_UP + 1}, "rank 2 gave up after"),
     ],
 )
 def test_realign_verdict_fails_a_dead_step_that_went_wrong(step, rank, change, says):
