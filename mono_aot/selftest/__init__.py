@@ -569,7 +569,7 @@ def _late_dispatch_check(s: Session) -> CheckResult:
         answers = s.cluster.run(run_late_dispatch, msgs, timeout=STEP_TIMEOUT_S)
         res = late_verdict(
             lay, s.arch, prob, s.reference(prob), answers,
-            wait_s=DEAD_RANK_WAIT_S, give_up_s=GIVE_UP_S,
+            wait_s=s.short.serving.peer_wait_s, give_up_s=s.dead_rank_give_up_s,
         )  # fmt: skip
         res["variant"] = variant
         s.log(
