@@ -202,6 +202,12 @@ class Session:
     dead_rank_give_up_s = GIVE_UP_S
     dead_rank_requests = 1
 
+    @property
+    def short_wait_s(self) -> float:
+        """The wait bound the short-wait runner's kernels run with."""
+        assert self.short is not None, "a session built without dead_rank has no short runner"
+        return self.short.serving.peer_wait_s
+
     def __init__(
         self,
         layout: Layout,
@@ -485,7 +491,7 @@ def _dead_rank_check(s: Session) -> CheckResult:
     answers2 = s.step(prob2, runner="short", set_step=nxt, reset_health=True)
     res = dead_rank_verdict(
         lay, s.arch, prob2, s.reference(prob2), answers, answers2,
-        dead_rank=dead, wait_s=s.short.serving.peer_wait_s, give_up_s=s.dead_rank_give_up_s,
+        dead_rank=dead, wait_s=s.short_wait_s, give_up_s=s.dead_rank_give_up_s,
     )  # fmt: skip
     if res["ok"]:
         detail = (
@@ -528,7 +534,7 @@ def _dead_rank_realign_check(s: Session) -> CheckResult:
     answers2 = s.step(prob2, runner="short")  # no set_step, no reset_health
     res = realign_verdict(
         lay, s.arch, prob2, s.reference(prob2), answers, answers2,
-        dead_rank=dead, start_step=start, wait_s=s.short.serving.peer_wait_s,
+        dead_rank=dead, start_step=start, wait_s=s.short_wait_s,
         give_up_s=s.dead_rank_give_up_s,
     )  # fmt: skip
     if res["ok"]:
@@ -569,7 +575,7 @@ def _late_dispatch_check(s: Session) -> CheckResult:
         answers = s.cluster.run(run_late_dispatch, msgs, timeout=STEP_TIMEOUT_S)
         res = late_verdict(
             lay, s.arch, prob, s.reference(prob), answers,
-            wait_s=s.short.serving.peer_wait_s, give_up_s=s.dead_rank_give_up_s,
+            wait_s=s.short_wait_s, give_up_s=s.dead_rank_give_up_s,
         )  # fmt: skip
         res["variant"] = variant
         s.log(

@@ -267,8 +267,7 @@ class EmulatedSession(Session):
     @property
     def dead_rank_give_up_s(self) -> float:  # type: ignore[override]
         """On the virtual clock there is no host overhead: one wait bound plus one launch."""
-        assert self.short is not None
-        return self.short.serving.peer_wait_s + EMULATED_LAUNCH_S
+        return self.short_wait_s + EMULATED_LAUNCH_S
 
     @property
     def dead_rank_requests(self) -> int:  # type: ignore[override]
