@@ -10,7 +10,7 @@ from __future__ import annotations
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -169,6 +169,9 @@ def compile_and_check(
     return make_entry(job, res, kernargs, toolchain), res.code_object
 
 
+WAKE_S = 0.2  # how often the main thread wakes while jobs run, to run signal handlers
+
+
 def run_jobs(
     jobs: Sequence[Job],
     store: Store,
@@ -198,6 +201,12 @@ def run_jobs(
     ex = ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="mono-aot-build")
     try:
         futures = [ex.submit(one, job) for job in jobs]
+        # wait in slices: the kernel may deliver Ctrl-C to a pool thread, and Python runs the
+        # handler only when the main thread wakes; a wait with no timeout would sleep through
+        # it until a job finished (the hang fixture's: never)
+        pending = set(futures)
+        while pending:
+            _, pending = wait(pending, timeout=WAKE_S)
         return [f.result() for f in futures]
     except BaseException:  # Ctrl-C: the workers run in their own sessions, stop them here
         stopping.set()

@@ -289,6 +289,23 @@ def test_key_and_bytes_do_not_depend_on_where_the_sources_are(demo_store, tmp_pa
     assert (r["key"], r["blob_sha256"]) == (ref["key"], ref["blob_sha256"])
 
 
+def build_workers(tmp: Path) -> list[int]:
+    """Compile worker processes of a build whose TMPDIR is ``tmp``: they run in an output
+    directory under it."""
+    import os
+
+    pids = []
+    for d in Path("/proc").iterdir():
+        try:
+            cmdline = (d / "cmdline").read_bytes()
+            cwd = Path(os.readlink(d / "cwd"))
+        except OSError:
+            continue
+        if b"mono_aot.compiler.worker" in cmdline and tmp.resolve() in cwd.parents:
+            pids.append(int(d.name))
+    return pids
+
+
 @pytest.mark.parametrize(("signame", "code", "said"), [
     ("SIGINT", 130, "interrupted"),
     ("SIGTERM", 143, "terminated"),  # e.g. a batch scheduler or timeout(1): no orphans either
@@ -318,17 +335,7 @@ def test_interrupting_a_build_stops_its_workers(tmp_path, signame, code, said):
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def workers() -> list[int]:
-        """Worker processes of this build: they run in an output directory under ``tmp``."""
-        pids = []
-        for d in Path("/proc").iterdir():
-            try:
-                cmdline = (d / "cmdline").read_bytes()
-                cwd = Path(os.readlink(d / "cwd"))
-            except OSError:
-                continue
-            if b"mono_aot.compiler.worker" in cmdline and tmp.resolve() in cwd.parents:
-                pids.append(int(d.name))
-        return pids
+        return build_workers(tmp)
 
     for _ in range(600):
         if len(list(tmp.glob("*/request.json"))) == 2 and len(workers()) == 2:
@@ -347,6 +354,44 @@ def test_interrupting_a_build_stops_its_workers(tmp_path, signame, code, said):
             break
         time.sleep(0.1)
     assert workers() == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="tgkill is Linux's")
+def test_ctrl_c_delivered_to_a_pool_thread_still_stops_the_build(tmp_path):
+    """The kernel may deliver a process's SIGINT to any of its threads; Python runs the handler
+    in the main thread only when that thread wakes, so the build must not sleep in a wait
+    without timeout (it did: the interrupt was lost until a job finished, 600 s here)."""
+    import contextlib
+    import ctypes
+    import os
+    import signal
+    import time
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp), "MONO_AOT_CACHE_DIR": str(tmp_path / "cache")}
+    cmd = [sys.executable, "-m", "mono_aot", "build", "--provider", provider_spec("hang"),
+           "--store", str(tmp_path / "s"), "--arch", "gfx942", "--timeout", "600"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(600):
+        if len(list(tmp.glob("*/request.json"))) == 2:
+            break
+        time.sleep(0.1)
+    threads = [int(t.name) for t in Path(f"/proc/{proc.pid}/task").iterdir()]
+    pool = [t for t in threads if t != proc.pid]
+    assert pool, threads  # the build's job threads
+    sys_tgkill = {"x86_64": 234, "aarch64": 131}[os.uname().machine]
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        assert libc.syscall(sys_tgkill, proc.pid, pool[0], signal.SIGINT) == 0
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130 and "mono-aot: interrupted" in err, (out, err)
+    finally:  # a build that slept through it leaves nothing behind either
+        proc.kill()
+        for pid in build_workers(tmp):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        proc.wait()
 
 
 def test_an_empty_store_path_is_bad_input_not_the_user_cache(tmp_path):
