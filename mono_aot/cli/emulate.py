@@ -122,9 +122,7 @@ def emulate(
             f"{totals.instructions:,} wave-instructions, {totals.per_second:,.0f}/s"
         )
     if not ok:
-        # sys.exit, not ctx.exit: click returns ctx.exit's code from main() in non-standalone
-        # mode instead of raising it, and run_main would report success
-        sys.exit(EXIT_FAILED)
+        sys.exit(EXIT_FAILED)  # as coverage, doctor and cache do (run_main ignores ctx.exit)
 
 
 def _provider_kernels(spec: str, layout: Layout, arch: str) -> dict[str, bytes]:

@@ -72,6 +72,4 @@ def selftest(
             click.echo(f"{'PASS' if r.ok else 'FAIL'} {r.name}: {r.detail} ({r.seconds:.0f} s)")
         click.echo(f"selftest {'passed' if ok else 'FAILED'} ({layout.name})")
     if not ok:
-        # sys.exit, not ctx.exit: click returns ctx.exit's code from main() in non-standalone
-        # mode instead of raising it, and run_main would report success
-        sys.exit(EXIT_FAILED)
+        sys.exit(EXIT_FAILED)  # as coverage, doctor and cache do (run_main ignores ctx.exit)
