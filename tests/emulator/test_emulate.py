@@ -88,18 +88,18 @@ def emulate(tmp_path: Path, stores: list[Path], arch: str, *args: str) -> Result
 
 
 @pytest.fixture(scope="module")
-def tiny_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A store holding the small layout's real kernels for both archs."""
-    root = None
-    for arch in ("gfx942", "gfx950"):
-        root = stored_kernels(tmp_path_factory, TINY_LAYOUT, arch)[0]
-    assert root is not None
-    return root
+def tiny_stores(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """The stores holding the small layout's real kernels for both archs (one, the test store,
+    when ``MONO_AOT_TEST_STORE`` is set; one per arch otherwise)."""
+    roots = [stored_kernels(tmp_path_factory, TINY_LAYOUT, a)[0] for a in ("gfx942", "gfx950")]
+    return list(dict.fromkeys(roots))
 
 
 @pytest.fixture(scope="module")
 def emulations(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tiny_store: Path
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    tiny_stores: list[Path],
 ) -> Iterator[dict[str, Future[Result]]]:
     """The emulations the selected tests of this module judge, started at once."""
     wanted = {
@@ -115,7 +115,7 @@ def emulations(
     futures = {}
     for name, e in EMULATIONS.items():
         if name in wanted:
-            stores = [tiny_store] + ([wrong] if e.wrong_index else [])
+            stores = tiny_stores + ([wrong] if e.wrong_index else [])
             args = (*e.args, "--provider", PROVIDER) if e.wrong_index else e.args
             tmp = tmp_path_factory.mktemp(name)
             futures[name] = pool.submit(emulate, tmp, stores, e.arch, *args)  # type: ignore[arg-type]
@@ -181,7 +181,7 @@ def test_the_wrong_index_kernels_fail_the_same_check(emulations, emulation):
     assert case["health"] == ["ok"] * 4  # nothing faulted: only the index is wrong
 
 
-def test_a_provider_without_a_build_is_refused(tmp_path, tiny_store):
-    r = emulate(tmp_path, [tiny_store], "gfx942", "--check", "narrow", "--provider", PROVIDER)
+def test_a_provider_without_a_build_is_refused(tmp_path, tiny_stores):
+    r = emulate(tmp_path, tiny_stores, "gfx942", "--check", "narrow", "--provider", PROVIDER)
     assert r.code == 2 and not r.doc
     assert f"--provider {PROVIDER}: no narrow kernel of this provider" in r.err
