@@ -283,14 +283,14 @@ def code_distance(a: torch.Tensor, b: torch.Tensor, fmt: FP8Format | str) -> tor
     return torch.where(isnan(a) | isnan(b), 1000, d)
 
 
-def boundary_distance(x: torch.Tensor, fmt: FP8Format | str) -> torch.Tensor:
-    """Relative distance of each value from the nearest rounding boundary of ``encode``.
+def boundary_gap(x: torch.Tensor, fmt: FP8Format | str) -> torch.Tensor:
+    """Absolute distance of each value from the nearest rounding boundary of ``encode``.
 
     A boundary is a midpoint between two adjacent magnitudes (including the overflow midpoint
-    past the max). Two computations of one quantity that differ by a relative ``d`` can encode
-    differently only where this is below ``d``, so byte-exact comparisons of independently
-    computed fp8 data (kernel against reference) mask out the values under a tolerance.
-    float64; ``inf`` for NaN and infinite inputs.
+    past the max). Two computations of one quantity that differ by ``d`` can encode differently
+    only where this is below ``d``, so byte-exact comparisons of independently computed fp8
+    data (kernel against reference) mask out the values under a tolerance. float64; ``inf`` for
+    NaN and infinite inputs.
     """
     f = _as_format(fmt)
     a = x.to(torch.float64).abs()
@@ -304,8 +304,15 @@ def boundary_distance(x: torch.Tensor, fmt: FP8Format | str) -> torch.Tensor:
     d = torch.minimum((a - below).abs(), (a - below - quantum).abs())
     edge = torch.pow(2.0, e.to(torch.float64)) - quantum / 4
     d = torch.where(e > f.emin, torch.minimum(d, (a - edge).abs()), d)
-    out = d / torch.clamp(a, min=f.min_subnormal)
-    return torch.where(special, torch.inf, out)
+    return torch.where(special, torch.inf, d)
+
+
+def boundary_distance(x: torch.Tensor, fmt: FP8Format | str) -> torch.Tensor:
+    """``boundary_gap`` relative to the value itself (its magnitude, at least the smallest
+    subnormal): where a computation's error is relative to what it computes."""
+    f = _as_format(fmt)
+    a = x.to(torch.float64).abs().nan_to_num(0.0, 0.0, 0.0)
+    return boundary_gap(x, f) / torch.clamp(a, min=f.min_subnormal)
 
 
 __all__ = [
@@ -314,6 +321,7 @@ __all__ = [
     "FORMATS",
     "FP8Format",
     "boundary_distance",
+    "boundary_gap",
     "code_distance",
     "decode",
     "decode_table",

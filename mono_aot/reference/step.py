@@ -94,6 +94,7 @@ import torch
 from mono_aot.reference.fp8 import (
     FP8Format,
     boundary_distance,
+    boundary_gap,
     code_distance,
     decode,
     encode,
@@ -559,16 +560,35 @@ def norm_rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((g - w).norm()) / (denom if denom > 0 else 1.0)
 
 
-# Layer 0: relative distance from an fp8 rounding boundary under which a kernel's K/V code may
-# legitimately differ from the reference's (fp32 summation order): the reference's inputs equal
-# the kernel's there. Later layers read the hidden state the kernel computed with its own
+# Layer 0: the reference's inputs equal the kernel's there, so a kernel's K/V code may differ
+# from the reference's only by fp32 summation order, and only where the pre-encode value lies
+# that close to an fp8 rounding boundary: within ``KV_BOUNDARY_TOL`` of the value itself, or
+# within ``KV_ENTRY_BOUNDARY_TOL`` of its entry's scale (the RMS of the token's K, or V, values
+# in that head). The second bound is for values near zero: the error of a projection's sum is
+# set by the magnitude of the terms it sums (unit roundoff times about the square root of its
+# length, relative to its entry's scale), not by the result, so a near-zero result of a
+# cancelling sum may sit relatively far from its reference (a multi-launch step on the
+# emulator met one: 3.9e-6 from a boundary, 8.8e-4 of the value, 6e-8 of its entry's RMS).
+# Later layers read the hidden state the kernel computed with its own
 # roundings (the emulator measured it within 1e-3 of the kernel-numerics reference's, and the
 # output within 4.5e-3: a bf16 rounding's worth), which moves codes near any boundary, so there
 # the written K/V values are judged as a whole: their norm-relative error against the
 # reference's, at most ``KV_LATER_LAYER_TOL``. A misplaced row or position is still an error of
 # order 1; an unwritten byte must still be exact.
 KV_BOUNDARY_TOL = 1e-4
+KV_ENTRY_BOUNDARY_TOL = 1e-5
 KV_LATER_LAYER_TOL = 2e-2
+
+
+def near_boundary(prequant: torch.Tensor, fmt: FP8Format | str) -> torch.Tensor:
+    """Which pre-encode K/V values (``[..., 2*head_dim]``: K then V) a correct layer-0 kernel
+    may encode one code away from the reference: the two bounds of ``KV_BOUNDARY_TOL``."""
+    gap = boundary_gap(prequant, fmt)
+    x = prequant.to(torch.float64).nan_to_num(0.0, 0.0, 0.0)
+    D = x.shape[-1] // 2
+    halves = x.unflatten(-1, (2, D))
+    rms = halves.square().mean(-1, keepdim=True).sqrt().expand_as(halves).flatten(-2)
+    return (gap < KV_BOUNDARY_TOL * x.abs()) | (gap < KV_ENTRY_BOUNDARY_TOL * rms)
 
 
 def compare_caches(
@@ -580,7 +600,8 @@ def compare_caches(
     prequant: Sequence[torch.Tensor],
 ) -> tuple[int, int]:
     """Every cache byte of every layer equals the reference's, except written codes: in layer
-    0 those whose pre-encode value is within ``KV_BOUNDARY_TOL`` of an fp8 rounding boundary,
+    0 those whose pre-encode value lies as near an fp8 rounding boundary as ``near_boundary``
+    allows,
     in later layers all of a layer's written codes when their values are within
     ``KV_LATER_LAYER_TOL`` of the reference's as a whole. Returns ``(bad bytes, tolerated
     differences)``."""
@@ -598,7 +619,7 @@ def compare_caches(
         in_rows = diff & rows[..., None]
         bad += int((diff & ~rows[..., None]).sum())
         if li == 0:
-            near = boundary_distance(prequant[li][written], f) < KV_BOUNDARY_TOL
+            near = near_boundary(prequant[li][written], f)
             allowed = torch.zeros_like(diff)
             allowed[ws // B, :, ws % B, :] = near
             bad += int((in_rows & ~allowed).sum())
@@ -622,6 +643,8 @@ __all__ = [
     "TPResult",
     "KVAgreement",
     "KV_BOUNDARY_TOL",
+    "KV_ENTRY_BOUNDARY_TOL",
+    "near_boundary",
     "KV_LATER_LAYER_TOL",
     "allreduce",
     "compare_caches",

@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from mono_aot import selftest as st
-from mono_aot.reference.fp8 import boundary_distance, encode, resolve_format
+from mono_aot.reference.fp8 import boundary_distance, boundary_gap, encode, resolve_format
 from mono_aot.reference.step import (
     KV_BOUNDARY_TOL,
+    KV_ENTRY_BOUNDARY_TOL,
     KV_LATER_LAYER_TOL,
     compare_caches,
     norm_rel_error,
@@ -165,6 +166,32 @@ def test_compare_caches_tolerates_only_near_boundary_written_codes():
     got[0, 0, 5, 0] ^= 1  # a written code far from any boundary
     got[3, 0, 0, 0] = 0  # a byte nobody may write
     assert compare_caches(LAY, fmt, [got], [want], slots, pre) == (2, 1)
+
+
+def test_compare_caches_measures_a_near_zero_value_against_its_entry():
+    """A layer-0 value near zero is the result of a cancelling sum, whose fp32 error is set by
+    the entry's scale (the RMS of the token's K values in that head), not by the value: a code
+    flip there is tolerated when the value is that near a boundary; not when it is farther, nor
+    in the other half (V), whose scale is its own."""
+    fmt = resolve_format("gfx942")
+    B, D = LAY.serving.kv_block, LAY.model.head_dim
+    slots = torch.tensor([0], dtype=torch.int64)
+    pre = torch.full((1, 1, 1, 2 * D), 64.0, dtype=torch.float64)  # K and V entries of RMS ~64
+    mid = 0.0044 - float(boundary_gap(torch.tensor([0.0044]), fmt)[0])  # a midpoint near 0.0044
+    pre[0, 0, 0, 9] = mid + 3.9e-6  # the multi-launch step's byte: 6e-8 of its entry's RMS
+    pre[0, 0, 0, 10] = 3.0  # a code, 0.125 from its boundaries: a flip is a real error
+    pre[0, 0, 0, D:] = 1e-3  # V: an entry of RMS ~1e-3
+    pre[0, 0, 0, D + 9] = mid + 3.9e-6
+    assert float(boundary_distance(pre[0, 0, 0, 9:10], fmt)[0]) > KV_BOUNDARY_TOL
+    want = torch.full((1, 1, B, 2 * D), fmt.nan_code, dtype=torch.uint8)
+    want[0, 0, 0] = encode(pre[0, 0, 0], fmt, saturate=True)
+    got = want.clone()
+    got[0, 0, 0, 9] ^= 1
+    assert compare_caches(LAY, fmt, [got], [want], slots, pre) == (0, 1)
+    got[0, 0, 0, 10] ^= 1
+    got[0, 0, 0, D + 9] ^= 1
+    assert compare_caches(LAY, fmt, [got], [want], slots, pre) == (2, 1)
+    assert float(boundary_gap(pre[0, 0, 0, 9:10], fmt)[0]) < KV_ENTRY_BOUNDARY_TOL * 64
 
 
 def test_compare_caches_judges_a_later_layers_written_values_as_a_whole():
