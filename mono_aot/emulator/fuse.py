@@ -34,13 +34,15 @@ MAX_BLOCK = 16  # instructions: short enough to fit in what is left of a quantum
 class Block:
     """The plan of one block: ``run(wave)`` executes ``size`` instructions from ``start``."""
 
-    __slots__ = ("start", "size", "touch_v", "touch_s", "run")
+    __slots__ = ("start", "size", "touch_v", "touch_s", "run", "gang")
 
     def __init__(self, start: int, size: int, touch_v: frozenset[int], touch_s: frozenset[int],
-                 run: Callable) -> None:  # fmt: skip
+                 run: Callable, gang: tuple[int, ...] | None = None) -> None:  # fmt: skip
         self.start, self.size, self.touch_v, self.touch_s, self.run = (
             start, size, touch_v, touch_s, run
         )  # fmt: skip
+        # as ``Compiled.gang`` for the whole block: the scalar registers a gang must agree on
+        self.gang = gang
 
 
 def _batch(fn: Callable, items: list[tuple[int, tuple]]) -> Callable:
@@ -120,7 +122,9 @@ def _plan(prog, start: int, end: int) -> Block | None:
             raise
         return nxt
 
-    return Block(start, end - start, touch_v, touch_s, run)
+    gangs = [prog.gang[pc] for pc in range(start, end)]
+    gang = None if None in gangs else tuple(sorted(set().union(*gangs)))
+    return Block(start, end - start, touch_v, touch_s, run, gang)
 
 
 def fuse_blocks(prog) -> list[Block | None]:

@@ -19,7 +19,11 @@ Conventions for an operation ``fn(ctx, *srcs)``:
 - ``ctx.mask`` is the per-lane input bit an operation reads (carry-in of ``v_addc_co_u32``,
   the select of ``v_cndmask_b32``, VCC of ``v_div_fmas_f32``), already taken from VCC or the
   SGPR pair the encoding names;
-- the executor masks by EXEC; operations compute every lane.
+- the executor masks by EXEC; operations compute every lane;
+- an operation is elementwise over lanes and must not assume there are 64 of them: a gang of
+  waves (``gang.py``) calls it once with the lanes of all its waves, ``(64 * waves,)`` or
+  ``(64 * waves, 2)``, and ``tests/emulator/test_gang.py`` checks every gang-able instruction
+  of the kernels gives the same bits that way.
 
 Operation tables map the opcode's base name (``Instruction.base``, e.g. ``v_add_co_u32``,
 ``v_cvt_pk_fp8_f32``) to the function.

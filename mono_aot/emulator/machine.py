@@ -15,8 +15,12 @@ a fixed latency (``wave.LATENCY``). ``s_memrealtime`` reads the 100 MHz constant
 (cycles / 21), ``s_memtime`` the core clock. The scheduler always runs the wave with the
 smallest clock (ties broken by a seeded RNG) for a quantum of instructions or until it yields
 (s_sleep, s_barrier, s_endpgm, an atomic, an s_waitcnt that waited); ``shuffle`` draws each
-quantum at random. All devices' waves share one scheduler, so a wave spinning on a flag another
-device writes lets every clock advance. Launches on one device run in order (one stream). The
+quantum at random. The wave it picks takes along the neighbouring waves of its launch that wait
+at the same instruction with clocks at most a quantum ahead (``gang.py``): they run the quantum
+together, each vector instruction that allows it once for all of them, anything else member by
+member in the order the scheduler would have picked them; so a gang reorders no more than a
+quantum does, and ``gangs=False`` runs every wave alone. All devices' waves share one
+scheduler, so a wave spinning on a flag another device writes lets every clock advance. Launches on one device run in order (one stream). The
 host queues a run's launches after the previous run returned, so none starts before the latest
 clock of any device: a device that sat idle (a rank that skipped a step) catches up, or its
 next launch would begin in the emulated past and time out waiting for peers still to start.
@@ -41,6 +45,7 @@ import numpy as np
 from mono_aot.emulator.decode import DecodedKernel, decode_kernel
 from mono_aot.emulator.descriptor import KernelDescriptor
 from mono_aot.emulator.elf import CodeObject
+from mono_aot.emulator.gang import Gang
 from mono_aot.emulator.memory import Memory, MemoryFault
 from mono_aot.emulator.program import Compiled, Config, LoadError, compile_kernel
 from mono_aot.emulator.wave import LANES, Fault, Wave, Workgroup
@@ -148,6 +153,8 @@ class Launch:
     kernarg_buf: np.ndarray | None = None
     kernarg_base: int = 0
     workgroups: list[Workgroup] = field(default_factory=list)
+    waves: list[Wave] = field(default_factory=list)  # in dispatch order: a gang's neighbours
+    regs: np.ndarray | None = None  # [register, wave * 64 + lane]: every wave's ``v``
 
 
 @dataclass
@@ -166,7 +173,7 @@ class Machine:
     """``devices`` emulated GPUs of ``arch`` sharing one ``Memory`` and one scheduler."""
 
     def __init__(self, arch: str, devices: int = 4, *, seed: int = 0, shuffle: bool = False,
-                 memory: Memory | None = None) -> None:  # fmt: skip
+                 memory: Memory | None = None, gangs: bool = True) -> None:  # fmt: skip
         if arch not in ("gfx942", "gfx950"):
             raise ValueError(f"the emulator runs gfx942 and gfx950 code, not {arch}")
         if devices < 1:
@@ -175,6 +182,7 @@ class Machine:
         self.devices = devices
         self.memory = memory if memory is not None else Memory()
         self.shuffle = shuffle
+        self.gangs = gangs  # run waves at one instruction together (gang.py)
         self.rng = np.random.default_rng(seed)
         self.queues: list[list[Launch]] = [[] for _ in range(devices)]
         self.device_time = [0] * devices  # cycles: when each device's last launch ended
@@ -266,7 +274,9 @@ class Machine:
         def push(w: Wave) -> None:
             nonlocal seq
             seq += 1
-            heapq.heappush(heap, (w.time, float(rng.random()), seq, w))
+            w.seq = seq  # the wave's live entry: a gang takes waves out by zeroing it
+            w.tie = float(rng.random())
+            heapq.heappush(heap, (w.time, w.tie, seq, w))
 
         def start_next(dev: int, at: int) -> None:
             while self.queues[dev]:
@@ -288,25 +298,34 @@ class Machine:
         limit = max_instructions
         try:
             while heap:
-                _, _, _, w = heapq.heappop(heap)
+                _, _, sq, w = heapq.heappop(heap)
+                if sq != w.seq:
+                    continue  # the wave ran in a gang since: its newer entry is in the heap
+                w.seq = 0
                 ln = wave_launch[id(w)]
                 q = int(rng.integers(1, 2 * QUANTUM)) if self.shuffle else QUANTUM
                 if limit is not None:
                     q = max(1, min(q, limit - executed))
-                n = self._step(w, ln, q)
-                executed += n
-                ln.stats.instructions += n
-                blk = w.block
-                if blk is None:
-                    push(w)
-                elif blk == "barrier":
-                    self._arrive(w, push)
-                elif blk == "end":
-                    self._end(w, ln, push, start_next)
+                members = self._gang_of(w, ln) if self.gangs else (w,)
+                if len(members) == 1:
+                    n = self._step(w, ln, q)
+                else:
+                    n = self._step_gang(members, ln, q)
+                for m in members:
+                    executed += n
+                    ln.stats.instructions += n
+                    blk = m.block
+                    if blk is None:
+                        push(m)
+                    elif blk == "barrier":
+                        self._arrive(m, push)
+                    elif blk == "end":
+                        self._end(m, ln, push, start_next)
                 if limit is not None and executed >= limit and heap:
+                    live = [e for e in heap if e[2] == e[3].seq]
                     raise EmulatorError(
-                        f"instruction limit {limit} reached with {len(heap)} waves still running"
-                        f" ({self._where(heap)})"
+                        f"instruction limit {limit} reached with {len(live)} waves still running"
+                        f" ({self._where(live)})"
                     )
             stuck = [ln for ln in active.values() if ln is not None and not ln.done]
             if stuck:
@@ -329,13 +348,15 @@ class Machine:
         lds = k.descriptor.group_segment_fixed_size + ln.dynamic_lds
         nw = -(-ln.block // LANES)
         sg = k.descriptor.initial_sgprs()
-        waves = []
+        waves = ln.waves
+        ln.regs = regs = np.zeros((k.vregs, ln.grid * nw * LANES), dtype=np.uint32)
         for wg_id in range(ln.grid):
             t = at + int(round(ln.hold.get(wg_id, 0.0) * CLOCK_HZ))
             wg = Workgroup(wg_id, lds, ln)
             ln.workgroups.append(wg)
             for i in range(nw):
-                w = Wave(wg, i, k.vregs, k.accum, t)
+                col = len(waves) * LANES
+                w = Wave(wg, i, k.vregs, k.accum, t, regs[:, col : col + LANES])
                 for what, first, _n in sg:
                     if what == "kernarg_segment_ptr":
                         w.s[first], w.s[first + 1] = base & 0xFFFFFFFF, base >> 32
@@ -350,7 +371,7 @@ class Machine:
                 waves.append(w)
         ln.live = len(waves)
         ln.stats.waves = len(waves)
-        return waves
+        return list(waves)
 
     def _release(self, ln: Launch) -> None:
         try:
@@ -405,6 +426,97 @@ class Machine:
             raise self._error(w, ln, cur, f"{type(e).__name__}: {e}", None, None) from e
         w.pc = pc
         w.icount += n
+        return n
+
+    def _gang_of(self, w: Wave, ln: Launch) -> tuple[Wave, ...]:
+        """``w`` and its neighbours in dispatch order that wait in the schedule at its
+        instruction, with clocks at most a quantum ahead of its own (so running them now
+        reorders no more than a quantum does): ``gang.py``."""
+        waves, pc = ln.waves, w.pc
+        horizon = w.time + QUANTUM * CYCLES_PER_INSTRUCTION
+        k = w.wg.id * len(w.wg.waves) + w.index  # dispatch order: workgroup, then wave
+        lo = k
+        while lo > 0 and (x := waves[lo - 1]).seq and x.pc == pc and x.time <= horizon:
+            lo -= 1
+        hi = k + 1
+        while hi < len(waves) and (x := waves[hi]).seq and x.pc == pc and x.time <= horizon:
+            hi += 1
+        if hi - lo == 1:
+            return (w,)
+        for x in waves[lo:hi]:
+            x.seq = 0  # its heap entry is stale from now on
+        return tuple(waves[lo:hi])
+
+    def _step_gang(self, members: tuple[Wave, ...], ln: Launch, q: int) -> int:
+        """Run the gang ``members`` for up to ``q`` instructions each (``gang.py``): a gang-able
+        instruction once on all their lanes, any other one member by member, until the
+        members' next instructions differ or one yields. The number each executed."""
+        prog = ln.kernel.program
+        steps, blocks, gangs = prog.steps, prog.blocks, prog.gang
+        touch_v, touch_s = prog.touch_v, prog.touch_s
+        k = members[0].wg.id * len(members[0].wg.waves) + members[0].index
+        g = Gang(members, ln.regs[:, k * LANES : (k + len(members)) * LANES])
+        pc = members[0].pc
+        n = 0
+        for w in members:
+            w.block = None
+        # member by member, in the order the schedule would have run them one by one
+        order = sorted(members, key=lambda x: (x.time, x.tie))
+        w = members[0]
+        try:
+            while n < q:
+                cur = pc
+                b = blocks[cur]
+                if (
+                    b is not None
+                    and b.gang is not None
+                    and n + b.size <= q
+                    and g.clear_of_loads(b.touch_v, b.touch_s)
+                    and g.uniform(b.gang)
+                ):
+                    c = CYCLES_PER_INSTRUCTION * b.size
+                    for w in members:
+                        w.time += c
+                    w = members[0]
+                    pc = b.run(g)
+                    n += b.size
+                    continue
+                u = gangs[cur]
+                if u is not None and g.clear_of_loads(touch_v[cur], touch_s[cur]) and g.uniform(u):
+                    for w in members:
+                        w.time += CYCLES_PER_INSTRUCTION
+                    w = members[0]
+                    pc = steps[cur](g)
+                    n += 1
+                    continue
+                nexts = []
+                for w in order:  # the same as ``_step`` does for one wave
+                    if w.npend and not (touch_v[cur].isdisjoint(w.pend_v)
+                                        and touch_s[cur].isdisjoint(w.pend_s)):  # fmt: skip
+                        w.hazard(prog.reads_v[cur], prog.writes_v[cur], prog.reads_s[cur],
+                                 prog.writes_s[cur])  # fmt: skip
+                    w.time += CYCLES_PER_INSTRUCTION
+                    nexts.append(steps[cur](w))
+                n += 1
+                pc = nexts[0]
+                if pc < 0 or nexts.count(pc) != len(nexts):  # a yield, or the paths part
+                    for w, x in zip(order, nexts, strict=True):
+                        w.pc = ~x if x < 0 else x
+                        w.icount += n
+                    return n
+                g.sync_exec()
+        except (Fault, MemoryFault) as e:
+            cur = getattr(e, "fused_pc", cur)
+            raise self._error(w, ln, cur, str(e), getattr(e, "lane", None),
+                              getattr(e, "address", None)) from None  # fmt: skip
+        except EmulatorError:
+            raise
+        except Exception as e:
+            cur = getattr(e, "fused_pc", cur)
+            raise self._error(w, ln, cur, f"{type(e).__name__}: {e}", None, None) from e
+        for w in members:
+            w.pc = pc
+            w.icount += n
         return n
 
     def _error(self, w: Wave, ln: Launch, pc: int, why: str, lane, address) -> EmulatorError:

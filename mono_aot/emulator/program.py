@@ -56,7 +56,6 @@ from mono_aot.emulator.wave import (
     Pending,
     Wave,
     bits_of,
-    mask_of,
 )
 
 Step = Callable[[Wave], int]
@@ -97,6 +96,11 @@ class Compiled:
         # packed is None or, for a packed-f32 elementwise operation on VGPR sources,
         # (fn, source rows ((lo, hi) per source), destination rows (lo, hi)) (``fuse.py``)
         self.plain: list[tuple | None] = []
+        # per instruction: None, or the scalar registers it reads as values (not EXEC, not a
+        # lane-mask source) when it may run once for a ``gang.Gang`` of waves: a VALU
+        # instruction that writes only a vector destination under EXEC; the gang runs it when
+        # these registers hold the same value in every wave of the gang
+        self.gang: list[tuple[int, ...] | None] = []
         self.blocks: list = []  # fuse.Block | None per instruction
         self.touch_v: list[frozenset[int]] = []
         self.touch_s: list[frozenset[int]] = []
@@ -259,14 +263,14 @@ class Compiler:
             else:  # an MFMA accumulator tile given as an inline constant: every dword
                 arr = np.full((LANES, o.width), const_bits(o, 32), dtype=_U32)
             arr.flags.writeable = False
-            return lambda w: arr
+            return lambda w: arr if w.lanes == LANES else _widen(arr, w.lanes)
         rd = self.sread(o)
         if o.width == 1:
-            return lambda w: np.full(LANES, rd(w), dtype=_U32)
+            return lambda w: np.full(w.lanes, rd(w), dtype=_U32)
 
         def f2(w):
             v = rd(w)
-            a = np.empty((LANES, 2), dtype=_U32)
+            a = np.empty((w.lanes, 2), dtype=_U32)
             a[:, 0], a[:, 1] = v & M32, v >> 32
             return a
 
@@ -299,6 +303,7 @@ class Compiler:
         for inst in self.dk.instructions:
             nxt = self.index.get(inst.offset + inst.size, len(self.dk.instructions))
             self.meta = None
+            self.gang_s = None
             try:
                 step, rv, wv, rs, ws = self.one(inst, nxt)
             except LoadError as e:
@@ -306,6 +311,7 @@ class Compiler:
             o = self.out
             o.steps.append(step)
             o.plain.append(self.meta)
+            o.gang.append(self.gang_s)
             o.reads_v.append(rv)
             o.writes_v.append(wv)
             o.reads_s.append(rs)
@@ -315,6 +321,7 @@ class Compiler:
         for lst in (o.reads_v, o.writes_v, o.reads_s, o.writes_s):
             lst.append(())
         o.plain.append(None)
+        o.gang.append(None)
         o.touch_v = [frozenset(r + w) for r, w in zip(o.reads_v, o.writes_v, strict=True)]
         o.touch_s = [frozenset(r + w) for r, w in zip(o.reads_s, o.writes_s, strict=True)]
         o.blocks = fuse_blocks(o)
@@ -661,6 +668,13 @@ class Compiler:
         need_ctx = mread is not None or dold is not None
         fclamp = clamp and float_dst
         nsrc = len(fetch)
+        if (
+            dwr is not None
+            and sdw is None
+            and not any(o.kind == "special" and o.index in _WAVE_STATE for o in srcs)
+        ):  # a gang's waves share every operand but VGPRs, EXEC and a lane-mask source
+            mask_rows = self.srows(mask_src) if mask_src is not None else ()
+            self.gang_s = tuple(r for r in rs if r not in (EXEC_LO, EXEC_HI, *mask_rows))
         if not (need_ctx or fclamp or sdwa_dst or cmpx) and dwr is not None and sdw is None:
             self.meta = (self._packed(inst, srcs, dst, op),)
             return self._plain_valu(op, base_ctx, fetch, dwr, nxt), rv, wv, rs, ws
@@ -669,7 +683,7 @@ class Compiler:
             args = [fch(w) for fch in fetch] if nsrc != 2 else [fetch[0](w), fetch[1](w)]
             if need_ctx:
                 old = dold(w) if dold is not None else None
-                ctx = OpContext(arch, mask=mask_of(mread(w)) if mread is not None else None,
+                ctx = OpContext(arch, mask=w.lane_mask(mread) if mread is not None else None,
                                 old_dst=old if (old_dst or sdwa_dst) else None,
                                 dst_word=dst_word, clamp=int_clamp)  # fmt: skip
                 if mac_as_src:
@@ -830,14 +844,14 @@ class Compiler:
             if nhi:
                 arr[:, 1] ^= _U32(0x80000000)
             arr.flags.writeable = False
-            return lambda w: arr
+            return lambda w: arr if w.lanes == LANES else _widen(arr, w.lanes)
         if (lo_sel, hi_sel, nlo, nhi) == (0, 1, 0, 0):
             return fetch
         if lo_sel == hi_sel and not (nlo or nhi) and o.kind in ("v", "a"):
             row = self.vrow(o) + lo_sel  # one dword in both columns
 
             def dup(w):
-                return np.repeat(w.v[row], 2).reshape(LANES, 2)
+                return np.repeat(w.v[row], 2).reshape(-1, 2)
 
             return dup
 
@@ -866,13 +880,14 @@ class Compiler:
 
         def pkmov(w):
             x, y = a(w), b_(w)
-            out = np.empty((LANES, 2), dtype=_U32)
+            out = np.empty((len(x), 2), dtype=_U32)
             out[:, 0] = x[:, l0]
             out[:, 1] = y[:, l1]
             wr(w, out)
             return nxt
 
         rv, wv, rs, ws = regs
+        self.gang_s = rs
         return pkmov, rv, wv, rs + (EXEC_LO, EXEC_HI), ws
 
     # ---- lane-crossing operations the executor owns
@@ -1211,6 +1226,16 @@ class Compiler:
 
 
 # ------------------------------------------------------------------------------ helpers
+# scalar state a source may name that is not a register (SCC, VCCZ, EXECZ): a gang would read
+# its first wave's
+_WAVE_STATE = (251, 252, 253)
+
+
+def _widen(arr: np.ndarray, lanes: int) -> np.ndarray:
+    """A constant source of one wave's lanes, repeated for a gang's ``lanes``."""
+    return np.ascontiguousarray(np.broadcast_to(arr[0], (lanes, *arr.shape[1:])))
+
+
 def _off_the_end(w: Wave) -> int:
     raise Fault("execution ran past the last instruction of the kernel (no s_endpgm)")
 

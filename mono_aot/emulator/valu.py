@@ -646,8 +646,8 @@ def _pk(fn: Callable[..., np.ndarray]) -> LaneOp:
     the module docstring for what the executor selects into each column)."""
 
     def op(ctx: OpContext, *srcs: Lanes) -> Lanes:
-        for s in srcs:
-            if s.shape != (64, 2):
+        for s in srcs:  # (64, 2) for a wave; (64 * waves, 2) for a gang of them
+            if s.ndim != 2 or s.shape[1] != 2 or s.shape[0] % 64:
                 raise ValueError(f"a packed-f32 source must have shape (64, 2), not {s.shape}")
         with np.errstate(all="ignore"):  # both columns at once: fn is elementwise
             return _bits_f32(fn(*(_f32(s) for s in srcs)))

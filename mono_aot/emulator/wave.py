@@ -90,12 +90,17 @@ class Workgroup:
 class Wave:
     __slots__ = ("s", "scc", "v", "exec_mask", "exec_all", "time", "pc", "vmq", "lgkmq",
                  "pend_v", "pend_s", "npend", "wg", "index", "block", "icount", "seq",
-                 "accum")  # fmt: skip
+                 "tie", "accum")  # fmt: skip
 
-    def __init__(self, wg: Workgroup, index: int, vregs: int, accum: int, time: int) -> None:
+    lanes = LANES  # the lanes an instruction's arrays span (a ``Gang`` spans several waves')
+
+    def __init__(self, wg: Workgroup, index: int, vregs: int, accum: int, time: int,
+                 v: np.ndarray | None = None) -> None:  # fmt: skip
         self.s = [0] * 128
         self.scc = 0
-        self.v = np.zeros((vregs, LANES), dtype=np.uint32)
+        # ``v``: this wave's columns of its launch's register file (``machine.Machine``), so
+        # that neighbouring waves' registers form one array a ``Gang`` runs an instruction on
+        self.v = np.zeros((vregs, LANES), dtype=np.uint32) if v is None else v
         self.exec_mask = _ALL
         self.exec_all = True
         self.time = time
@@ -109,7 +114,8 @@ class Wave:
         self.index = index
         self.block: str | None = None  # "barrier", "end" after a yielding instruction
         self.icount = 0
-        self.seq = 0
+        self.seq = 0  # the scheduler's live heap entry (0: not waiting in it)
+        self.tie = 0.0  # and the seeded draw that breaks ties of clocks there
         self.accum = accum
 
     # ------------------------------------------------------------------ EXEC
@@ -127,6 +133,10 @@ class Wave:
     @property
     def exec(self) -> int:
         return self.s[EXEC_LO] | self.s[EXEC_HI] << 32
+
+    def lane_mask(self, read: Callable[[Wave], int]) -> np.ndarray:
+        """The per-lane bits of the 64-bit scalar value ``read`` takes (a carry-in, a select)."""
+        return mask_of(read(self))
 
     # ------------------------------------------------------------------ memory counters
     def issue(self, p: Pending) -> None:

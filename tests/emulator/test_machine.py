@@ -236,14 +236,17 @@ def test_atomics_across_workgroups():
     a.sop1("s_mov_b64", EXEC, i(1))
     a.vop1("v_mov_b32", 12, s(2)).vop2("v_add_u32", 12, i(1), v(12)).vop1("v_mov_b32", 13, i(0))
     a.glob("global_atomic_cmpswap", addr=3, data=12, vdst=14, saddr=4, offset=16, sc0=1)
-    a.waitcnt(vm=0).vop2("v_lshlrev_b32", 15, i(2), v(12))
-    a.glob("global_store_dword", addr=15, data=14, saddr=4, offset=60)
+    # each wave stores the old value it saw at word 16 + 2 * workgroup + wave (v0 = 64 * wave)
+    a.waitcnt(vm=0).vop1("v_mov_b32", 16, s(2)).vop2("v_lshlrev_b32", 16, i(1), v(16))
+    a.vop2("v_lshrrev_b32", 15, i(6), v(0)).vop2("v_add_u32", 15, v(15), v(16))
+    a.vop2("v_lshlrev_b32", 15, i(2), v(15))
+    a.glob("global_store_dword", addr=15, data=14, saddr=4, offset=64)
     out, _ = run(a.endpgm(), grid=4, block=128)
-    w = out[:80].view(np.uint32)
+    w = out[:96].view(np.uint32)
     assert w[0] == 512 and out[4:8].view(np.float32)[0] == 256.0
     assert int(w[2]) | int(w[3]) << 32 == 512
-    winners = [int(x) for x in w[16:20]]  # old values seen by the 4 workgroups' wave-pairs
-    assert w[4] in (1, 2, 3, 4) and winners.count(0) == 1
+    winners = [int(x) for x in w[16:24]]  # the old values the 8 waves saw
+    assert w[4] in (1, 2, 3, 4) and winners.count(0) == 1 and winners.count(int(w[4])) == 7
 
 
 def _flag_programs() -> tuple[Asm, Asm]:

@@ -6,7 +6,8 @@ the executor (``mono_aot/emulator/machine.py``, ``program.py``, ``wave.py``...):
     mono-aot build --store STORE --layout emulator-tiny-tp4 --arch gfx942
     python -m tests.emulator.throughput STORE [--instructions 3000000] [--profile]
 
-It runs the selftest's narrow check of the small test layout (``layouts/test/``) on 4 emulated
+It runs the selftest's narrow check (``--check wide``: its wide step of 2 requests) of the small
+test layout (``layouts/test/``) on 4 emulated
 devices exactly as ``mono-aot emulate`` does (``mono_aot/selftest/emulated.py``: real weights,
 caches and argument buffers), but stops the machine after ``--instructions`` wave-instructions
 and prints how fast they ran (``--profile``: and the cProfile of that run).
@@ -31,6 +32,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("store", help="a store the tiny layout's kernels were built into")
     ap.add_argument("--instructions", type=int, default=3_000_000)
     ap.add_argument("--arch", default="gfx942")
+    ap.add_argument(
+        "--check",
+        choices=("narrow", "wide"),
+        default="narrow",
+        help="the narrow step (1 request) or the wide step of 2 requests",
+    )
     ap.add_argument("--profile", action="store_true")
     a = ap.parse_args(argv)
     from mono_aot.selftest.emulated import run_emulation
@@ -59,7 +66,8 @@ def main(argv: list[str] | None = None) -> None:
     machine_mod.Machine.run = capped  # type: ignore[method-assign]
     try:
         env = {"MONO_AOT_PATH": a.store, "MONO_AOT_STRICT": "1"}
-        run_emulation(resolve_layout(LAYOUT), a.arch, ["narrow"], env=env)
+        requests = (2,) if a.check == "wide" else ()
+        run_emulation(resolve_layout(LAYOUT), a.arch, [a.check], env=env, requests=requests)
     finally:
         machine_mod.Machine.run = real_run  # type: ignore[method-assign]
     n, s = runs[0]

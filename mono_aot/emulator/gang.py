@@ -1,0 +1,64 @@
+"""Neighbouring waves at one instruction, run as one wave of 64 lanes per member.
+
+Why: the kernels' hot loops (the narrow step's GEMVs above all) run in every wave of a launch
+with the same control flow, so most of the time the waves of a launch sit at the same
+instruction. Running a vector instruction once on all their lanes costs about the numpy calls of
+one wave's: the executor's time goes into calls, not into lanes.
+
+What makes it the same computation: the launch's register file is one array ``[register, wave
+* 64 + lane]`` (``Machine._dispatch``), each wave's ``v`` its 64 columns, so the gang's ``v`` is
+the columns of waves ``first .. first + len(waves) - 1``: a view, written in place. A gang runs
+an instruction once only when ``Compiled.gang`` says it may (a VALU instruction that writes only
+a vector destination under EXEC, whose lane operation is elementwise: ``lanes.py``) and the
+scalar registers it reads as values hold the same value in every member; EXEC and a lane-mask
+source (a carry-in, a ``v_cndmask`` select) are each member's own, concatenated. Such an
+instruction reads and writes nothing another wave can see, so running it for a member before
+its turn in the schedule changes no value and no clock. Everything else runs member by member
+(``Machine._step_gang``) and the gang breaks up where their paths part.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from mono_aot.emulator.wave import LANES, Wave, mask_of
+
+
+class Gang:
+    """The wave-like view of ``waves`` (consecutive waves of one launch) that a gang-able
+    instruction's closure runs on: ``v``, ``s``, ``exec_mask``, ``exec_all``, ``lane_mask``."""
+
+    __slots__ = ("waves", "v", "s", "lanes", "exec_mask", "exec_all")
+
+    def __init__(self, waves: Sequence[Wave], v: np.ndarray) -> None:
+        self.waves = waves
+        self.v = v
+        self.s = waves[0].s  # read only where every member holds the same (``uniform``)
+        self.lanes = LANES * len(waves)
+        self.sync_exec()
+
+    def sync_exec(self) -> None:
+        """Refresh the gang's EXEC after a member's changed."""
+        self.exec_all = all(w.exec_all for w in self.waves)
+        self.exec_mask = np.concatenate([w.exec_mask for w in self.waves])
+
+    def lane_mask(self, read: Callable[[Wave], int]) -> np.ndarray:
+        return np.concatenate([mask_of(read(w)) for w in self.waves])
+
+    def uniform(self, regs: Sequence[int]) -> bool:
+        """Whether every member holds the same value in the scalar registers ``regs``."""
+        if not regs:
+            return True
+        first = self.waves[0].s
+        want = [first[r] for r in regs]
+        return all([w.s[r] for r in regs] == want for w in self.waves[1:])
+
+    def clear_of_loads(self, touch_v: frozenset[int], touch_s: frozenset[int]) -> bool:
+        """Whether no member has a load in flight to a register the instruction touches (a
+        member that has steps alone, where ``Wave.hazard`` names the register)."""
+        for w in self.waves:
+            if w.npend and not (touch_v.isdisjoint(w.pend_v) and touch_s.isdisjoint(w.pend_s)):
+                return False
+        return True

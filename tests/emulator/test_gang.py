@@ -1,0 +1,149 @@
+"""Gangs (``mono_aot/emulator/gang.py``): neighbouring waves at one instruction run it once on
+all their lanes, and that computes exactly what running the waves one by one computes. On a
+hand-assembled program whose waves disagree in every way a gang must respect (a scalar source
+that differs between workgroups, per-wave VCC and EXEC, a wave with no lane active, paths that
+part and meet again), and instruction by instruction on every gang-able instruction and fused
+block of the small layout's real kernels, both archs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mono_aot.emulator.gang import Gang
+from mono_aot.emulator.machine import Machine
+from mono_aot.emulator.wave import EXEC_LO, LANES, VCC_LO, Wave, Workgroup
+from tests.emulator.asm import EXEC, LIT, VCC, Asm, i, kernel_object, s, v
+from tests.emulator.conftest import stored_kernels
+from tests.emulator.emu import OUT, buffer, kernargs, prologue
+
+THREADS, GRID = 256, 3  # 4 waves a workgroup, 12 in all
+ROWS = list(range(2, 18))  # v2..v17 are stored
+
+
+def gang_program() -> Asm:
+    a = prologue(Asm())  # s[4:5] = out, v1 = 4 * thread id
+    a.vop1("v_cvt_f32_u32", 2, v(0))
+    a.vop1("v_mov_b32", 3, s(2))  # the workgroup id: differs between neighbouring waves
+    a.sop1("s_mov_b32", 6, LIT, lit=0x3F800000)  # 1.0: the same in every wave
+    a.vop2("v_add_f32", 4, s(6), v(2))
+    a.vop2("v_add_u32", 5, v(3), v(0))
+    a.vop2("v_lshrrev_b32", 8, i(4), v(0))  # thread id / 16: 0..15
+    a.vopc("v_cmp_gt_u32", i(9), v(8))  # VCC: all of wave 0 and 1, part of wave 2, none of 3
+    a.vop2("v_cndmask_b32", 9, v(4), v(5))
+    a.sop1("s_mov_b64", 20, VCC)
+    a.vop3("v_cndmask_b32", 10, v(5), v(4), s(20))  # the select from an SGPR pair
+    a.vop1("v_mov_b32", 11, i(0)).vop1("v_mov_b32", 13, s(2))
+    a.vop3("v_lshl_add_u64", 14, v(10), i(3), v(12))  # 64-bit sources and result
+    a.label("loop")
+    a.vopc("v_cmpx_gt_u32", i(11), v(8))  # EXEC: wave 2 in part, wave 3 empty
+    a.vop3p("v_pk_fma_f32", 6, v(2), v(4), v(6))
+    a.vop3p("v_pk_fma_f32", 16, v(4), v(2), v(16), opsel=0b001)
+    a.vop2("v_add_f32", 2, v(2), v(4))
+    a.vop3p("v_pk_mul_f32", 12, v(16), v(6))
+    a.sop1("s_mov_b64", EXEC, i(-1))
+    a.vop2("v_add_u32", 8, i(1), v(8))  # and again with one more lane group dropped
+    a.vopc("v_cmp_gt_u32", i(13), v(8))
+    a.branch("s_cbranch_vccnz", "loop")  # waves leave the loop at different passes
+    a.vop2("v_add_f32", 7, s(6), v(7))
+    a.vop1("v_mov_b32", 18, s(2)).vop2("v_lshlrev_b32", 18, i(10), v(18))  # 4 * THREADS * wg
+    a.vop2("v_add_u32", 1, v(1), v(18))
+    for r in ROWS:  # row k of the output: register v(2 + k) of every thread of the grid
+        a.glob("global_store_dword", addr=1, data=r, saddr=4)
+        a.sop2("s_add_u32", 4, 4, LIT, lit=4 * THREADS * GRID).sop2("s_addc_u32", 5, 5, i(0))
+    return a.endpgm()
+
+
+def _run(gangs: bool):
+    m = Machine("gfx942", 1, gangs=gangs)
+    ganged = [0]
+    real = m._step_gang
+
+    def counted(members, ln, q):
+        n = real(members, ln, q)
+        ganged[0] += n * len(members)
+        return n
+
+    m._step_gang = counted  # type: ignore[method-assign]
+    out = buffer(m, OUT, 4 * THREADS * GRID * len(ROWS))
+    k = m.load(kernel_object(gang_program()))
+    m.launch(0, k, GRID, THREADS, kernargs(OUT))
+    st = m.run()
+    return out, st, ganged[0]
+
+
+def test_gangs_compute_what_waves_one_by_one_compute():
+    got, st, ganged = _run(True)
+    want, st0, none = _run(False)
+    assert none == 0 and ganged > st.instructions // 2  # most of the program ran in gangs
+    assert got.tobytes() == want.tobytes()
+    assert st.instructions == st0.instructions
+    assert st.virtual_seconds == st0.virtual_seconds  # clocks as one by one
+    # not degenerate: the workgroup id and the per-wave masks show in the results
+    rows = got.view(np.uint32).reshape(len(ROWS), -1)
+    assert len(np.unique(rows[ROWS.index(5)])) > THREADS
+
+
+# ------------------------------------------------------------------------------ real kernels
+LAYOUT = "emulator-tiny-tp4"
+G = 3  # waves in each gang the instructions are checked on
+
+
+def _waves(k, regs: np.ndarray, svals: list[list[int]], execs: list[int]) -> list[Wave]:
+    wg = Workgroup(0, 0, None)
+    out = []
+    for j in range(G):
+        w = Wave(wg, j, k.vregs, k.accum, 0, regs[:, j * LANES : (j + 1) * LANES])
+        w.s = list(svals[j])
+        w.set_exec(execs[j])
+        wg.waves.append(w)
+        out.append(w)
+    return out
+
+
+def _state(rng, k, uniform: tuple[int, ...]):
+    regs = rng.integers(0, 1 << 32, (k.vregs, G * LANES), dtype=np.uint64).astype(np.uint32)
+    svals = [rng.integers(0, 1 << 32, 128, dtype=np.uint64).tolist() for _ in range(G)]
+    for j in range(1, G):
+        for r in uniform:
+            svals[j][r] = svals[0][r]
+    execs = [(1 << 64) - 1, int(rng.integers(0, 1 << 63)), 0]
+    return regs, svals, execs
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+@pytest.mark.parametrize("variant", ["narrow", "wide"])
+def test_every_gang_able_instruction_of_the_kernels_runs_the_same_on_a_gang(
+    tmp_path_factory: pytest.TempPathFactory, arch: str, variant: str
+):
+    """Each instruction (and fused block) ``Compiled.gang`` lets a gang run, on random
+    registers, per-wave EXEC (all, some, no lanes) and per-wave lane masks (VCC and the other
+    SGPRs but those the gang must agree on): once on the gang of 3 waves, and once on each
+    wave alone; every register bit the same."""
+    hit = stored_kernels(tmp_path_factory, LAYOUT, arch, (variant,))[1][variant]
+    m = Machine(arch, 1)
+    k = m.load(hit.data, hit.entry.symbol)
+    prog = k.program
+    rng = np.random.default_rng(7)
+    cases = [(pc, u, prog.steps[pc]) for pc, u in enumerate(prog.gang) if u is not None]
+    cases += [(b.start, b.gang, b.run) for b in prog.blocks if b is not None and b.gang is not None]
+    assert len(cases) > 500, "the kernel has few gang-able instructions: is Compiled.gang set?"
+    for pc, uniform, run in cases:  # random bits: NaNs, infinities and overflows included
+        regs, svals, execs = _state(rng, k, uniform)
+        alone = regs.copy()
+        waves = _waves(k, regs, svals, execs)
+        before = [list(w.s) for w in waves]
+        for w in _waves(k, alone, svals, execs):
+            run(w)
+        run(Gang(waves, regs))
+        if not np.array_equal(regs, alone):
+            bad = np.argwhere(regs != alone)[0]
+            raise AssertionError(
+                f"{k.texts[pc]} (0x{k.decoded.instructions[pc].offset:x}): v-register row "
+                f"{bad[0]}, wave {bad[1] // LANES} lane {bad[1] % LANES} differs on the gang"
+            )
+        assert [w.s for w in waves] == before  # a gang-able instruction writes no SGPR
+    # EXEC and the lane-mask sources are each member's own: never a reason to step alone
+    assert not any(VCC_LO in u or EXEC_LO in u for _, u, _ in cases)
