@@ -8,13 +8,17 @@ one wave's: the executor's time goes into calls, not into lanes.
 What makes it the same computation: the launch's register file is one array ``[register, wave
 * 64 + lane]`` (``Machine._dispatch``), each wave's ``v`` its 64 columns, so the gang's ``v`` is
 the columns of waves ``first .. first + len(waves) - 1``: a view, written in place. A gang runs
-an instruction once only when ``Compiled.gang`` says it may (a VALU instruction that writes only
-a vector destination under EXEC, whose lane operation is elementwise: ``lanes.py``) and the
-scalar registers it reads as values hold the same value in every member; EXEC and a lane-mask
-source (a carry-in, a ``v_cndmask`` select) are each member's own, concatenated. Such an
-instruction reads and writes nothing another wave can see, so running it for a member before
-its turn in the schedule changes no value and no clock. Everything else runs member by member
-(``Machine._step_gang``) and the gang breaks up where their paths part.
+an instruction once only when ``Compiled.gang`` says it may and the scalar registers it reads as
+values hold the same value in every member; EXEC and a lane-mask source (a carry-in, a
+``v_cndmask`` select) are each member's own, concatenated. Gang-able are the VALU instructions
+that write only a vector destination under EXEC (their lane operations are elementwise:
+``lanes.py``), MFMA (one product per wave) and loads from global memory and LDS: those read
+memory at once for every member (an LDS read once per workgroup's members) and put one access
+in flight in each member (``Compiled.gang_steps``), which its own waits retire. None of these
+writes anything another wave can see, so running it for a member before its turn in the
+schedule changes no value another wave reads (a load may read memory up to a quantum earlier
+than the member alone would, as the quantum already allows). Everything else runs member by
+member (``Machine._step_gang``), and the gang breaks up where their paths part.
 """
 
 from __future__ import annotations
@@ -43,6 +47,16 @@ class Gang:
         """Refresh the gang's EXEC after a member's changed."""
         self.exec_all = all(w.exec_all for w in self.waves)
         self.exec_mask = np.concatenate([w.exec_mask for w in self.waves])
+
+    def workgroups(self) -> list[tuple[int, int]]:
+        """The members in runs of one workgroup, ``[(first, past the last)]`` (an LDS access
+        runs once per workgroup: each has its own)."""
+        runs, lo = [], 0
+        for j in range(1, len(self.waves) + 1):
+            if j == len(self.waves) or self.waves[j].wg is not self.waves[lo].wg:
+                runs.append((lo, j))
+                lo = j
+        return runs
 
     def lane_mask(self, read: Callable[[Wave], int]) -> np.ndarray:
         return np.concatenate([mask_of(read(w)) for w in self.waves])

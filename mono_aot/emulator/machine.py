@@ -452,7 +452,7 @@ class Machine:
         instruction once on all their lanes, any other one member by member, until the
         members' next instructions differ or one yields. The number each executed."""
         prog = ln.kernel.program
-        steps, blocks, gangs = prog.steps, prog.blocks, prog.gang
+        steps, blocks, gangs, gang_steps = prog.steps, prog.blocks, prog.gang, prog.gang_steps
         touch_v, touch_s = prog.touch_v, prog.touch_s
         k = members[0].wg.id * len(members[0].wg.waves) + members[0].index
         g = Gang(members, ln.regs[:, k * LANES : (k + len(members)) * LANES])
@@ -486,9 +486,13 @@ class Machine:
                     for w in members:
                         w.time += CYCLES_PER_INSTRUCTION
                     w = members[0]
-                    pc = steps[cur](g)
-                    n += 1
-                    continue
+                    try:
+                        pc = (gang_steps[cur] or steps[cur])(g)
+                        n += 1
+                        continue
+                    except Fault:  # raised before any effect: the members alone name the wave
+                        for w in members:
+                            w.time -= CYCLES_PER_INSTRUCTION
                 nexts = []
                 for w in order:  # the same as ``_step`` does for one wave
                     if w.npend and not (touch_v[cur].isdisjoint(w.pend_v)

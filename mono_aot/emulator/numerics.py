@@ -571,7 +571,7 @@ def _bf16_elems(words: np.ndarray) -> np.ndarray:
 
 def _operand(name: str, x: np.ndarray, dwords: int, what: str) -> np.ndarray:
     x = np.asarray(x)
-    if x.dtype != np.uint32 or x.shape != (LANES, dwords):
+    if x.dtype != np.uint32 or x.ndim != 2 or x.shape[1] != dwords or x.shape[0] % LANES:
         raise ValueError(f"{name}: {what} must be uint32 of shape ({LANES}, {dwords}), "
                          f"got {x.dtype} {x.shape}")  # fmt: skip
     return x
@@ -590,6 +590,7 @@ def mfma(
 ) -> np.ndarray:
     """D = A B + C of MFMA ``name`` on the per-lane register tuples ``a``, ``b``, ``c``
     ((64, dwords) uint32 as srcA, srcB, srcC name them); returns D as (64, c_dwords) uint32.
+    A gang of waves (``gang.py``) passes ``64 * waves`` rows: one MFMA per wave, the same sums.
     Layouts: ``MfmaShape``; rounding: ``MFMA_MODEL``. CBSZ/ABID (block broadcast) and BLGP
     (lane-group swizzle) are not supported by these single-block bf16 shapes (calculator:
     "CBSZ and ABID bits supported: False", "BLGP bits supported: False"), so a nonzero value
@@ -605,16 +606,19 @@ def mfma(
     a = _operand(name, a, shape.ab_dwords, "srcA")
     b = _operand(name, b, shape.ab_dwords, "srcB")
     c = _operand(name, c, shape.cd_dwords, "srcC")
-    kpl, groups = shape.kpl, LANES // 16
-    ea = _bf16_elems(a).reshape(groups, 16, kpl)  # [lane group, i, element]
-    eb = _bf16_elems(b).reshape(groups, 16, kpl)  # [lane group, j, element]
-    A = ea.transpose(1, 0, 2).reshape(16, shape.k)  # A[i][g * kpl + e]
-    B = eb.transpose(0, 2, 1).reshape(shape.k, 16)  # B[g * kpl + e][j]
-    C = c.view(np.float32).astype(np.float64).reshape(groups, 16, 4)  # [i // 4, j, i % 4]
-    C = C.transpose(0, 2, 1).reshape(16, 16)
+    if not a.shape[0] == b.shape[0] == c.shape[0]:
+        raise ValueError(f"{name}: srcA, srcB and srcC span {a.shape[0]}, {b.shape[0]} and "
+                         f"{c.shape[0]} lanes")  # fmt: skip
+    kpl, groups, waves = shape.kpl, LANES // 16, a.shape[0] // LANES
+    ea = _bf16_elems(a).reshape(waves, groups, 16, kpl)  # [wave, lane group, i, element]
+    eb = _bf16_elems(b).reshape(waves, groups, 16, kpl)  # [wave, lane group, j, element]
+    A = ea.transpose(0, 2, 1, 3).reshape(waves, 16, shape.k)  # A[i][g * kpl + e]
+    B = eb.transpose(0, 1, 3, 2).reshape(waves, shape.k, 16)  # B[g * kpl + e][j]
+    C = c.view(np.float32).astype(np.float64).reshape(waves, groups, 16, 4)  # [i // 4, j, i % 4]
+    C = C.transpose(0, 1, 3, 2).reshape(waves, 16, 16)
     with np.errstate(all="ignore"):
-        D = (A[:, :, None] * B[None, :, :]).sum(axis=1) + C
-    out = _f32(D.reshape(groups, 4, 16).transpose(0, 2, 1).reshape(LANES, 4))
+        D = (A[:, :, :, None] * B[:, None, :, :]).sum(axis=2) + C
+    out = _f32(D.reshape(waves, groups, 4, 16).transpose(0, 1, 3, 2).reshape(-1, 4))
     return out.astype(np.uint32)
 
 

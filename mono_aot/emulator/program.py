@@ -101,6 +101,9 @@ class Compiled:
         # instruction that writes only a vector destination under EXEC; the gang runs it when
         # these registers hold the same value in every wave of the gang
         self.gang: list[tuple[int, ...] | None] = []
+        # per gang-able instruction, the closure a gang runs when it is not the wave's own:
+        # loads, whose accesses in flight are each member's (None: ``steps``)
+        self.gang_steps: list[Step | None] = []
         self.blocks: list = []  # fuse.Block | None per instruction
         self.touch_v: list[frozenset[int]] = []
         self.touch_s: list[frozenset[int]] = []
@@ -304,6 +307,7 @@ class Compiler:
             nxt = self.index.get(inst.offset + inst.size, len(self.dk.instructions))
             self.meta = None
             self.gang_s = None
+            self.gang_step = None
             try:
                 step, rv, wv, rs, ws = self.one(inst, nxt)
             except LoadError as e:
@@ -312,6 +316,7 @@ class Compiler:
             o.steps.append(step)
             o.plain.append(self.meta)
             o.gang.append(self.gang_s)
+            o.gang_steps.append(self.gang_step)
             o.reads_v.append(rv)
             o.writes_v.append(wv)
             o.reads_s.append(rs)
@@ -322,6 +327,7 @@ class Compiler:
             lst.append(())
         o.plain.append(None)
         o.gang.append(None)
+        o.gang_steps.append(None)
         o.touch_v = [frozenset(r + w) for r, w in zip(o.reads_v, o.writes_v, strict=True)]
         o.touch_s = [frozenset(r + w) for r, w in zip(o.reads_s, o.writes_s, strict=True)]
         o.blocks = fuse_blocks(o)
@@ -998,6 +1004,8 @@ class Compiler:
 
             return missing, rv, wv, rs, ws
 
+        self.gang_s = tuple(r for r in rs if r not in (EXEC_LO, EXEC_HI))
+
         def step(w):
             if not w.exec_all:
                 raise Fault("MFMA with a partial EXEC mask is not modelled")
@@ -1068,15 +1076,26 @@ class Compiler:
             signed = b in ("ds_read_i8", "ds_read_i16")
             ndw = d.width
 
+            def read(lds: np.ndarray, base: np.ndarray, act: np.ndarray) -> np.ndarray:
+                chunks = [_lds_gather(lds, base + o, act, n) for o, n in parts]
+                raw = chunks[0] if len(chunks) == 1 else np.concatenate(chunks, axis=1)
+                return _extend(raw, signed, ndw)
+
             def dsread(w):
                 act = w.exec_mask
-                base = w.v[addr_r].astype(np.int64)
-                chunks = [_lds_gather(w, base + o, act, n) for o, n in parts]
-                raw = chunks[0] if len(chunks) == 1 else np.concatenate(chunks, axis=1)
-                vals = _extend(raw, signed, ndw)
+                vals = read(w.wg.lds, w.v[addr_r].astype(np.int64), act)
                 w.issue(Pending("lds", off, lgkm_w, (), _lane_writer(d_r, ndw, vals, act), w.time))
                 return nxt
 
+            def dsread_gang(g):  # one gather per workgroup's members (they share its LDS)
+                base, act = g.v[addr_r].astype(np.int64), g.exec_mask
+                for lo, hi in g.workgroups():
+                    lanes = slice(lo * LANES, hi * LANES)
+                    vals = read(g.waves[lo].wg.lds, base[lanes], act[lanes])
+                    _issue_each(g, lo, hi, "lds", off, lgkm_w, d_r, ndw, vals)
+                return nxt
+
+            self.gang_s, self.gang_step = (), dsread_gang
             return dsread, rv, (), rs, ()
         if kind in ("write", "write2"):
             d0 = inst.operand("data0")
@@ -1097,7 +1116,7 @@ class Compiler:
                 for o, r, n in parts:
                     nd = (n + 3) // 4
                     data = np.ascontiguousarray(w.v[r : r + nd].T).view(np.uint8)[:, :n]
-                    _lds_scatter(w, base + o, act, data)
+                    _lds_scatter(w.wg.lds, base + o, act, data)
                 return nxt
 
             return dswrite, rv, wv, rs, ws
@@ -1147,16 +1166,25 @@ class Compiler:
                     "load_sshort": 2}.get(b, 4 * ndw)  # fmt: skip
             signed = b in ("load_sbyte", "load_sshort")
 
-            def gload(w):
-                act = w.exec_mask
+            def load(w) -> np.ndarray:
                 try:
-                    raw = mem.gather(addr(w), act, size)
+                    raw = mem.gather(addr(w), w.exec_mask, size)
                 except Exception as e:
                     raise fault(e, "global load") from None
-                vals = _extend(raw, signed, ndw)
-                w.issue(Pending("vm", off, vm_w, (), _lane_writer(d_r, ndw, vals, act), w.time))
+                return _extend(raw, signed, ndw)
+
+            def gload(w):
+                vals = load(w)
+                w.issue(Pending("vm", off, vm_w, (), _lane_writer(d_r, ndw, vals, w.exec_mask),
+                                w.time))  # fmt: skip
                 return nxt
 
+            def gload_gang(g):
+                _issue_each(g, 0, len(g.waves), "vm", off, vm_w, d_r, ndw, load(g))
+                return nxt
+
+            self.gang_s = tuple(r for r in rs if r not in (EXEC_LO, EXEC_HI))
+            self.gang_step = gload_gang
             return gload, rv, (), rs, ()
         if kind == "store":
             dv = inst.operand("vdata")
@@ -1307,11 +1335,21 @@ def _lane_writer(row: int, n: int, vals: np.ndarray, act: np.ndarray):
     return apply
 
 
+def _issue_each(g, lo: int, hi: int, kind: str, off: int, rows: tuple[int, ...], d_r: int,
+                ndw: int, vals: np.ndarray) -> None:  # fmt: skip
+    """Put a gang's load in flight in each member ``lo..hi-1`` (``vals``: their lanes'
+    values, in order): its own access, retired by its own waits, as if it had run alone."""
+    for j in range(lo, hi):
+        w = g.waves[j]
+        mine = vals[(j - lo) * LANES : (j - lo + 1) * LANES]
+        w.issue(Pending(kind, off, rows, (), _lane_writer(d_r, ndw, mine, w.exec_mask), w.time))
+
+
 def _extend(raw: np.ndarray, signed: bool, ndw: int) -> np.ndarray:
     """Bytes (64, size) to dwords (64, ndw): sub-dword loads zero- or sign-extend."""
     size = raw.shape[1]
     if size >= 4:
-        return np.ascontiguousarray(raw).view(np.uint32).reshape(LANES, ndw)
+        return np.ascontiguousarray(raw).view(np.uint32).reshape(-1, ndw)
     v = (
         raw[:, 0].astype(np.uint32)
         if size == 1
@@ -1320,11 +1358,11 @@ def _extend(raw: np.ndarray, signed: bool, ndw: int) -> np.ndarray:
     if signed:
         bits = 8 * size
         v = ((v.astype(np.int64) ^ (1 << (bits - 1))) - (1 << (bits - 1))).astype(np.uint32)
-    return v.reshape(LANES, 1)
+    return v.reshape(-1, 1)
 
 
-def _lds_check(w: Wave, addr: np.ndarray, act: np.ndarray, n: int) -> None:
-    size = w.wg.lds.size
+def _lds_check(lds: np.ndarray, addr: np.ndarray, act: np.ndarray, n: int) -> None:
+    size = lds.size
     bad = act & ((addr < 0) | (addr + n > size))
     if bad.any():
         lane = int(np.flatnonzero(bad)[0])
@@ -1336,19 +1374,19 @@ def _lds_check(w: Wave, addr: np.ndarray, act: np.ndarray, n: int) -> None:
         )
 
 
-def _lds_gather(w: Wave, addr: np.ndarray, act: np.ndarray, n: int) -> np.ndarray:
+def _lds_gather(lds: np.ndarray, addr: np.ndarray, act: np.ndarray, n: int) -> np.ndarray:
     addr = addr & M32  # ADDR + OFFSET is a 32-bit sum (a negative base plus an offset is fine)
-    _lds_check(w, addr, act, n)
+    _lds_check(lds, addr, act, n)
     safe = np.where(act, addr, 0)
-    return w.wg.lds[safe[:, None] + np.arange(n)] * act[:, None].astype(np.uint8)
+    return lds[safe[:, None] + np.arange(n)] * act[:, None].astype(np.uint8)
 
 
-def _lds_scatter(w: Wave, addr: np.ndarray, act: np.ndarray, data: np.ndarray) -> None:
+def _lds_scatter(lds: np.ndarray, addr: np.ndarray, act: np.ndarray, data: np.ndarray) -> None:
     n = data.shape[1]
     addr = addr & M32  # as in _lds_gather
-    _lds_check(w, addr, act, n)
+    _lds_check(lds, addr, act, n)
     lanes = np.flatnonzero(act)
-    w.wg.lds[addr[lanes][:, None] + np.arange(n)] = data[lanes]
+    lds[addr[lanes][:, None] + np.arange(n)] = data[lanes]
 
 
 def _u64(x: np.ndarray) -> int:

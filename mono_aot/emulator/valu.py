@@ -425,17 +425,20 @@ def _perm(ctx: OpContext, s0: Lanes, s1: Lanes, s2: Lanes) -> Lanes:
     where for the selector ``sel`` (all 8 bits): 0-7 pick that byte of the 64-bit value (bytes
     0-3 from S1, 4-7 from S0); 8, 9, 10, 11 replicate the top bit of byte 1, 3, 5, 7; 12 gives
     0x00; 13 and above give 0xff."""
-    data = (_u(s0) << np.uint64(32)) | _u(s1)
-    out = np.zeros(s0.shape, dtype=np.uint32)
-    for k in range(4):
-        sel = ((s2 >> np.uint32(8 * k)) & np.uint32(0xFF)).astype(np.uint64)
-        picked = (data >> (np.minimum(sel, np.uint64(7)) * np.uint64(8))) & np.uint64(0xFF)
-        sign_byte = np.uint64(2) * (np.clip(sel, 8, 11) - np.uint64(8)) + np.uint64(1)
-        top = (data >> (sign_byte * np.uint64(8) + np.uint64(7))) & np.uint64(1)
-        choices = [picked, top * np.uint64(0xFF), np.uint64(0)]
-        byte = np.select([sel <= 7, sel <= 11, sel == 12], choices, np.uint64(0xFF))
-        out |= byte.astype(np.uint32) << np.uint32(8 * k)
-    return out
+    n = s0.shape[0]
+    table = np.empty((n, 16), dtype=np.uint8)  # per lane, the byte each selector 0-15 gives
+    table[:, 0:4] = _bytes(s1)
+    table[:, 4:8] = _bytes(s0)
+    table[:, 8:12] = np.where(table[:, 1:8:2] & 0x80, 0xFF, 0)
+    table[:, 12] = 0
+    table[:, 13:16] = 0xFF
+    sel = np.minimum(_bytes(s2), 15)  # 13 and above all give 0xff
+    return np.take_along_axis(table, sel, axis=1).view(np.uint32).reshape(n)
+
+
+def _bytes(x: Lanes) -> np.ndarray:
+    """The 4 bytes of each lane, least significant first: ``(lanes, 4)`` uint8."""
+    return np.ascontiguousarray(x, dtype="<u4").view(np.uint8).reshape(-1, 4)
 
 
 def _mul_lo_u32(ctx: OpContext, s0: Lanes, s1: Lanes) -> Lanes:

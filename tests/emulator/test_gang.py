@@ -12,12 +12,13 @@ import pytest
 
 from mono_aot.emulator.gang import Gang
 from mono_aot.emulator.machine import Machine
-from mono_aot.emulator.wave import EXEC_LO, LANES, VCC_LO, Wave, Workgroup
+from mono_aot.emulator.wave import EXEC_LO, LANES, VCC_LO, Fault, Wave, Workgroup
 from tests.emulator.asm import EXEC, LIT, VCC, Asm, i, kernel_object, s, v
 from tests.emulator.conftest import stored_kernels
 from tests.emulator.emu import OUT, buffer, kernargs, prologue
 
 THREADS, GRID = 256, 3  # 4 waves a workgroup, 12 in all
+IN = OUT + (1 << 24)
 ROWS = list(range(2, 18))  # v2..v17 are stored
 
 
@@ -29,6 +30,7 @@ def gang_program() -> Asm:
     a.vop2("v_add_f32", 4, s(6), v(2))
     a.vop2("v_add_u32", 5, v(3), v(0))
     a.vop2("v_lshrrev_b32", 8, i(4), v(0))  # thread id / 16: 0..15
+    a.vop2("v_lshlrev_b32", 19, i(2), v(0))  # 4 * thread id in the workgroup: its LDS word
     a.vopc("v_cmp_gt_u32", i(9), v(8))  # VCC: all of wave 0 and 1, part of wave 2, none of 3
     a.vop2("v_cndmask_b32", 9, v(4), v(5))
     a.sop1("s_mov_b64", 20, VCC)
@@ -48,6 +50,16 @@ def gang_program() -> Asm:
     a.vop2("v_add_f32", 7, s(6), v(7))
     a.vop1("v_mov_b32", 18, s(2)).vop2("v_lshlrev_b32", 18, i(10), v(18))  # 4 * THREADS * wg
     a.vop2("v_add_u32", 1, v(1), v(18))
+    # loads under a per-wave EXEC: global memory (the input at 4 * global thread id), and LDS,
+    # each workgroup's own: every thread writes its v5, reads its neighbour wave's
+    a.smem("s_load_dwordx2", 22, 0, 8).waitcnt(lgkm=0)
+    a.vop2("v_lshrrev_b32", 20, i(4), v(0)).vopc("v_cmpx_gt_u32", i(10), v(20))
+    a.glob("global_load_dword", addr=1, vdst=11, saddr=22)
+    a.glob("global_load_dwordx2", addr=1, vdst=14, saddr=22, offset=8)
+    a.ds("ds_write_b32", addr=19, data0=5).sopp("s_barrier")
+    a.vop2("v_xor_b32", 21, LIT, v(19), lit=4 * LANES)
+    a.ds("ds_read_b32", addr=21, vdst=17).ds("ds_read2_b32", addr=21, vdst=12, offset0=1)
+    a.waitcnt(vm=0, lgkm=0).sop1("s_mov_b64", EXEC, i(-1))
     for r in ROWS:  # row k of the output: register v(2 + k) of every thread of the grid
         a.glob("global_store_dword", addr=1, data=r, saddr=4)
         a.sop2("s_add_u32", 4, 4, LIT, lit=4 * THREADS * GRID).sop2("s_addc_u32", 5, 5, i(0))
@@ -66,8 +78,10 @@ def _run(gangs: bool):
 
     m._step_gang = counted  # type: ignore[method-assign]
     out = buffer(m, OUT, 4 * THREADS * GRID * len(ROWS))
-    k = m.load(kernel_object(gang_program()))
-    m.launch(0, k, GRID, THREADS, kernargs(OUT))
+    data = buffer(m, IN, 4 * THREADS * GRID + 16, "in")
+    data[:] = np.random.default_rng(3).integers(0, 256, data.size, dtype=np.uint8)
+    k = m.load(kernel_object(gang_program(), lds=4 * THREADS))
+    m.launch(0, k, GRID, THREADS, kernargs(OUT, IN))
     st = m.run()
     return out, st, ganged[0]
 
@@ -111,6 +125,37 @@ def _state(rng, k, uniform: tuple[int, ...]):
     return regs, svals, execs
 
 
+def _same_on_a_gang(k, pc: int, run, regs, svals, execs) -> bool:
+    """``run`` (instruction or fused block ``pc``) on each of the waves alone and on their gang
+    leaves the same registers (and no SGPR written); or, when it faults alone, it faults on the
+    gang before writing anything (the machine then steps the members alone, and the fault
+    names one of them). True when it ran."""
+    alone = regs.copy()
+    faults = 0
+    for w in _waves(k, alone, svals, execs):
+        try:
+            run(w)
+        except Fault:
+            faults += 1
+    waves = _waves(k, regs, svals, execs)
+    before = [list(w.s) for w in waves]
+    if faults:
+        kept = regs.copy()
+        with pytest.raises(Fault):
+            run(Gang(waves, regs))
+        assert np.array_equal(regs, kept), k.texts[pc]
+        return False
+    run(Gang(waves, regs))
+    if not np.array_equal(regs, alone):
+        bad = np.argwhere(regs != alone)[0]
+        raise AssertionError(
+            f"{k.texts[pc]}: v-register row {bad[0]}, wave {bad[1] // LANES} lane "
+            f"{bad[1] % LANES} differs on the gang"
+        )
+    assert [w.s for w in waves] == before, k.texts[pc]  # a gang-able instruction writes no SGPR
+    return True
+
+
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
@@ -118,7 +163,8 @@ def _state(rng, k, uniform: tuple[int, ...]):
 def test_every_gang_able_instruction_of_the_kernels_runs_the_same_on_a_gang(
     tmp_path_factory: pytest.TempPathFactory, arch: str, variant: str
 ):
-    """Each instruction (and fused block) ``Compiled.gang`` lets a gang run, on random
+    """Each instruction (and fused block) ``Compiled.gang`` lets a gang run but the loads
+    (they need memory; the program above runs them), on random
     registers, per-wave EXEC (all, some, no lanes) and per-wave lane masks (VCC and the other
     SGPRs but those the gang must agree on): once on the gang of 3 waves, and once on each
     wave alone; every register bit the same."""
@@ -127,23 +173,17 @@ def test_every_gang_able_instruction_of_the_kernels_runs_the_same_on_a_gang(
     k = m.load(hit.data, hit.entry.symbol)
     prog = k.program
     rng = np.random.default_rng(7)
-    cases = [(pc, u, prog.steps[pc]) for pc, u in enumerate(prog.gang) if u is not None]
+    cases = [
+        (pc, u, prog.steps[pc])
+        for pc, u in enumerate(prog.gang)
+        if u is not None and prog.gang_steps[pc] is None  # loads: test_gangs_compute_what...
+    ]
     cases += [(b.start, b.gang, b.run) for b in prog.blocks if b is not None and b.gang is not None]
     assert len(cases) > 500, "the kernel has few gang-able instructions: is Compiled.gang set?"
+    assert variant == "narrow" or any("v_mfma" in k.texts[pc] for pc, _, _ in cases)
     for pc, uniform, run in cases:  # random bits: NaNs, infinities and overflows included
         regs, svals, execs = _state(rng, k, uniform)
-        alone = regs.copy()
-        waves = _waves(k, regs, svals, execs)
-        before = [list(w.s) for w in waves]
-        for w in _waves(k, alone, svals, execs):
-            run(w)
-        run(Gang(waves, regs))
-        if not np.array_equal(regs, alone):
-            bad = np.argwhere(regs != alone)[0]
-            raise AssertionError(
-                f"{k.texts[pc]} (0x{k.decoded.instructions[pc].offset:x}): v-register row "
-                f"{bad[0]}, wave {bad[1] // LANES} lane {bad[1] % LANES} differs on the gang"
-            )
-        assert [w.s for w in waves] == before  # a gang-able instruction writes no SGPR
+        if not _same_on_a_gang(k, pc, run, regs, svals, execs):  # MFMA faults on a partial EXEC
+            assert _same_on_a_gang(k, pc, run, regs, svals, [(1 << 64) - 1] * G), k.texts[pc]
     # EXEC and the lane-mask sources are each member's own: never a reason to step alone
     assert not any(VCC_LO in u or EXEC_LO in u for _, u, _ in cases)
