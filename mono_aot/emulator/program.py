@@ -101,8 +101,9 @@ class Compiled:
         # instruction that writes only a vector destination under EXEC; the gang runs it when
         # these registers hold the same value in every wave of the gang
         self.gang: list[tuple[int, ...] | None] = []
-        # per gang-able instruction, the closure a gang runs when it is not the wave's own:
-        # loads, whose accesses in flight are each member's (None: ``steps``)
+        # per gang-able instruction, the closure a gang runs when it is not the wave's own
+        # (None: ``steps``): loads, whose accesses in flight are each member's, and VALU
+        # instructions that write a lane mask (compares, carry-outs) to each member's SGPRs
         self.gang_steps: list[Step | None] = []
         self.blocks: list = []  # fuse.Block | None per instruction
         self.touch_v: list[frozenset[int]] = []
@@ -674,10 +675,8 @@ class Compiler:
         need_ctx = mread is not None or dold is not None
         fclamp = clamp and float_dst
         nsrc = len(fetch)
-        if (
-            dwr is not None
-            and sdw is None
-            and not any(o.kind == "special" and o.index in _WAVE_STATE for o in srcs)
+        if (dwr is not None or sdw is not None) and not any(
+            o.kind == "special" and o.index in _WAVE_STATE for o in srcs
         ):  # a gang's waves share every operand but VGPRs, EXEC and a lane-mask source
             mask_rows = self.srows(mask_src) if mask_src is not None else ()
             self.gang_s = tuple(r for r in rs if r not in (EXEC_LO, EXEC_HI, *mask_rows))
@@ -685,7 +684,9 @@ class Compiler:
             self.meta = (self._packed(inst, srcs, dst, op),)
             return self._plain_valu(op, base_ctx, fetch, dwr, nxt), rv, wv, rs, ws
 
-        def step(w):
+        def operate(w) -> np.ndarray | None:
+            """Compute and write the vector result; the lane mask a compare or carry-out
+            produces (None without one)."""
             args = [fch(w) for fch in fetch] if nsrc != 2 else [fetch[0](w), fetch[1](w)]
             if need_ctx:
                 old = dold(w) if dold is not None else None
@@ -707,6 +708,10 @@ class Compiler:
                 if sdwa_dst is not None:
                     res = _sdwa_place(res, old, *sdwa_dst)
                 dwr(w, res)
+            return m
+
+        def step(w):
+            m = operate(w)
             if m is not None and sdw is not None:
                 bits = bits_of(m & w.exec_mask)
                 sdw(w, bits)
@@ -714,6 +719,20 @@ class Compiler:
                     w.set_exec(bits)
             return nxt
 
+        def step_gang(g):  # each member's lanes of the mask to its own SGPRs (and EXEC)
+            m = operate(g)
+            if m is not None and sdw is not None:
+                for j, w in enumerate(g.waves):
+                    bits = bits_of(m[j * LANES : (j + 1) * LANES] & w.exec_mask)
+                    sdw(w, bits)
+                    if cmpx:
+                        w.set_exec(bits)
+                if cmpx:
+                    g.sync_exec()
+            return nxt
+
+        if sdw is not None:
+            self.gang_step = step_gang
         return step, rv, wv, rs, ws
 
     def _packed(self, inst: Instruction, srcs: list[Operand], dst: Operand, op) -> tuple | None:

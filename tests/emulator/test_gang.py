@@ -125,34 +125,36 @@ def _state(rng, k, uniform: tuple[int, ...]):
     return regs, svals, execs
 
 
-def _same_on_a_gang(k, pc: int, run, regs, svals, execs) -> bool:
-    """``run`` (instruction or fused block ``pc``) on each of the waves alone and on their gang
-    leaves the same registers (and no SGPR written); or, when it faults alone, it faults on the
-    gang before writing anything (the machine then steps the members alone, and the fault
-    names one of them). True when it ran."""
-    alone = regs.copy()
+def _same_on_a_gang(k, pc: int, alone, ganged, regs, svals, execs) -> bool:
+    """``ganged`` (instruction or fused block ``pc``, in the form a gang runs) on a gang
+    leaves the registers ``alone`` (its form for one wave) leaves on each wave alone; or, when
+    it faults alone, it faults on the gang before writing anything (the machine then steps the
+    members alone, and the fault names one of them). True when it ran."""
+    regs_alone = regs.copy()
     faults = 0
-    for w in _waves(k, alone, svals, execs):
+    singles = _waves(k, regs_alone, svals, execs)
+    for w in singles:
         try:
-            run(w)
+            alone(w)
         except Fault:
             faults += 1
     waves = _waves(k, regs, svals, execs)
-    before = [list(w.s) for w in waves]
     if faults:
         kept = regs.copy()
         with pytest.raises(Fault):
-            run(Gang(waves, regs))
+            ganged(Gang(waves, regs))
         assert np.array_equal(regs, kept), k.texts[pc]
         return False
-    run(Gang(waves, regs))
-    if not np.array_equal(regs, alone):
-        bad = np.argwhere(regs != alone)[0]
+    ganged(Gang(waves, regs))
+    if not np.array_equal(regs, regs_alone):
+        bad = np.argwhere(regs != regs_alone)[0]
         raise AssertionError(
             f"{k.texts[pc]}: v-register row {bad[0]}, wave {bad[1] // LANES} lane "
             f"{bad[1] % LANES} differs on the gang"
         )
-    assert [w.s for w in waves] == before, k.texts[pc]  # a gang-able instruction writes no SGPR
+    # the SGPRs (a compare's mask, EXEC) each member wrote as it would alone
+    assert [w.s for w in waves] == [w.s for w in singles], k.texts[pc]
+    assert all(np.array_equal(w.exec_mask, x.exec_mask) for w, x in zip(waves, singles))
     return True
 
 
@@ -174,16 +176,18 @@ def test_every_gang_able_instruction_of_the_kernels_runs_the_same_on_a_gang(
     prog = k.program
     rng = np.random.default_rng(7)
     cases = [
-        (pc, u, prog.steps[pc])
+        (pc, u, prog.steps[pc], prog.gang_steps[pc] or prog.steps[pc])
         for pc, u in enumerate(prog.gang)
-        if u is not None and prog.gang_steps[pc] is None  # loads: test_gangs_compute_what...
-    ]
-    cases += [(b.start, b.gang, b.run) for b in prog.blocks if b is not None and b.gang is not None]
+        if u is not None and k.decoded.instructions[pc].fmt not in ("FLAT", "DS")
+    ]  # loads need memory: test_gangs_compute_what_waves_one_by_one_compute runs them
+    cases += [(b.start, b.gang, b.run, b.run) for b in prog.blocks if b and b.gang is not None]
     assert len(cases) > 500, "the kernel has few gang-able instructions: is Compiled.gang set?"
-    assert variant == "narrow" or any("v_mfma" in k.texts[pc] for pc, _, _ in cases)
-    for pc, uniform, run in cases:  # random bits: NaNs, infinities and overflows included
+    assert variant == "narrow" or any("v_mfma" in k.texts[pc] for pc, *_ in cases)
+    assert any(k.texts[pc].startswith("v_cmp") for pc, *_ in cases)
+    for pc, uniform, alone, ganged in cases:  # random bits: NaNs, infinities, overflows
         regs, svals, execs = _state(rng, k, uniform)
-        if not _same_on_a_gang(k, pc, run, regs, svals, execs):  # MFMA faults on a partial EXEC
-            assert _same_on_a_gang(k, pc, run, regs, svals, [(1 << 64) - 1] * G), k.texts[pc]
+        if not _same_on_a_gang(k, pc, alone, ganged, regs, svals, execs):  # MFMA, partial EXEC
+            full = [(1 << 64) - 1] * G
+            assert _same_on_a_gang(k, pc, alone, ganged, regs, svals, full), k.texts[pc]
     # EXEC and the lane-mask sources are each member's own: never a reason to step alone
-    assert not any(VCC_LO in u or EXEC_LO in u for _, u, _ in cases)
+    assert not any(VCC_LO in u or EXEC_LO in u for _, u, *_ in cases)
