@@ -154,7 +154,9 @@ def _same_on_a_gang(k, pc: int, alone, ganged, regs, svals, execs) -> bool:
         )
     # the SGPRs (a compare's mask, EXEC) each member wrote as it would alone
     assert [w.s for w in waves] == [w.s for w in singles], k.texts[pc]
-    assert all(np.array_equal(w.exec_mask, x.exec_mask) for w, x in zip(waves, singles))
+    assert all(
+        np.array_equal(w.exec_mask, x.exec_mask) for w, x in zip(waves, singles, strict=True)
+    )
     return True
 
 
