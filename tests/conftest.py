@@ -72,3 +72,26 @@ def tiny_compiles(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The same for the emulator's small layout (``layouts/test/emulator-tiny-tp4.toml``):
     compiled once per session, only when a test asks for it."""
     return _compile_four(TINY_LAYOUT, tmp_path_factory)
+
+
+def threads_of(pid: int) -> set[int]:
+    """The thread ids of process ``pid`` but its main thread's."""
+    from pathlib import Path
+
+    return {int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()} - {pid}
+
+
+def sigint_to_threads(pid: int, threads: set[int] | None = None) -> set[int]:
+    """Send SIGINT to ``threads`` of process ``pid`` (default: all but its main thread), as
+    the kernel may deliver a Ctrl-C to any thread while Python handles it only when the main
+    thread runs. The threads signalled."""
+    import ctypes
+    import os
+    import signal
+
+    threads = threads_of(pid) if threads is None else threads
+    sys_tgkill = {"x86_64": 234, "aarch64": 131}[os.uname().machine]
+    libc = ctypes.CDLL(None, use_errno=True)
+    for tid in threads:
+        libc.syscall(sys_tgkill, pid, tid, signal.SIGINT)  # a thread that ended meanwhile: ESRCH
+    return threads

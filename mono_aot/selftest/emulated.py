@@ -49,6 +49,9 @@ EMULATED_LAUNCH_S = 0.001
 MAX_WAVES_PER_DEVICE = 256
 TEST_LAYOUT = "emulator-tiny-tp4"  # the small layout shipped for the emulator (layouts/)
 SMALL_WAVES_HINT = "a few dozen"
+# The kernel may deliver a process's SIGINT to any thread, and Python handles it only when the
+# main thread runs: the main thread waits for the rank threads in slices this long.
+JOIN_SLICE_S = 0.2
 
 
 class EmulationFailed(MonoError):
@@ -419,11 +422,15 @@ class EmulatedSession(Session):
         for r in range(tp):
             if launch[r]:
                 self.gate.enter()
-                threads.append(threading.Thread(target=run, args=(r,), name=f"rank {r}"))
+                # daemons: after a Ctrl-C the process exits without waiting for the emulation
+                threads.append(
+                    threading.Thread(target=run, args=(r,), name=f"rank {r}", daemon=True)
+                )
         for t in threads:
             t.start()
         for t in threads:
-            t.join()
+            while t.is_alive():  # in slices: the main thread sees a Ctrl-C another thread got
+                t.join(JOIN_SLICE_S)
         try:
             if errors:
                 r, e = min(errors.items())

@@ -14,6 +14,7 @@ from mono_aot.compiler.inputs import directory_provider
 from mono_aot.spec.layouts import shipped_layouts
 from mono_aot.store import Store, encode_entry
 from mono_aot.store.entry import Entry
+from tests.conftest import sigint_to_threads
 
 from .conftest import (
     DEMO,
@@ -362,7 +363,6 @@ def test_ctrl_c_delivered_to_a_pool_thread_still_stops_the_build(tmp_path):
     in the main thread only when that thread wakes, so the build must not sleep in a wait
     without timeout (it did: the interrupt was lost until a job finished, 600 s here)."""
     import contextlib
-    import ctypes
     import os
     import signal
     import time
@@ -377,13 +377,8 @@ def test_ctrl_c_delivered_to_a_pool_thread_still_stops_the_build(tmp_path):
         if len(list(tmp.glob("*/request.json"))) == 2:
             break
         time.sleep(0.1)
-    threads = [int(t.name) for t in Path(f"/proc/{proc.pid}/task").iterdir()]
-    pool = [t for t in threads if t != proc.pid]
-    assert pool, threads  # the build's job threads
-    sys_tgkill = {"x86_64": 234, "aarch64": 131}[os.uname().machine]
-    libc = ctypes.CDLL(None, use_errno=True)
     try:
-        assert libc.syscall(sys_tgkill, proc.pid, pool[0], signal.SIGINT) == 0
+        assert sigint_to_threads(proc.pid)  # the build's job threads
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 130 and "mono-aot: interrupted" in err, (out, err)
     finally:  # a build that slept through it leaves nothing behind either

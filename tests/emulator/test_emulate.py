@@ -27,7 +27,7 @@ import pytest
 
 from mono_aot.selftest.cases import TOLERANCE
 from mono_aot.spec import abi
-from tests.conftest import TINY_LAYOUT
+from tests.conftest import TINY_LAYOUT, sigint_to_threads, threads_of
 from tests.emulator.conftest import stored_kernels
 from tests.emulator.wrong_index import PROVIDER_DIR, PROVIDER_MODULE
 
@@ -185,3 +185,38 @@ def test_a_provider_without_a_build_is_refused(tmp_path, tiny_stores):
     r = emulate(tmp_path, tiny_stores, "gfx942", "--check", "narrow", "--provider", PROVIDER)
     assert r.code == 2 and not r.doc
     assert f"--provider {PROVIDER}: no narrow kernel of this provider" in r.err
+
+
+def test_ctrl_c_stops_an_emulation_whichever_thread_gets_it(tmp_path, tiny_stores):
+    """The ranks run in threads of their own: a Ctrl-C the kernel hands one of them still stops
+    ``mono-aot emulate`` (exit 130) long before the check's minutes of emulation are over (the
+    main thread used to wait for the ranks without waking, and exited only after them)."""
+    import time
+
+    env = {**os.environ, "MONO_AOT_PATH": os.pathsep.join(map(str, tiny_stores)),
+           "MONO_AOT_CACHE_DIR": str(tmp_path / "cache"), "MONO_AOT_STRICT": "1"}  # fmt: skip
+    log = tmp_path / "stderr"
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mono_aot", "emulate", "--arch", "gfx942", "--check",
+             "multi-launch"],
+            stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL, env=env,
+        )  # fmt: skip
+        try:
+            for _ in range(1200):
+                if "check multi-launch" in log.read_text() or proc.poll() is not None:
+                    break
+                time.sleep(0.1)
+            before = threads_of(proc.pid)  # torch's; each step starts one thread per rank
+            for _ in range(1200):
+                ranks = threads_of(proc.pid) - before
+                if len(ranks) >= 4 or proc.poll() is not None:
+                    break
+                time.sleep(0.05)
+            time.sleep(1)  # the ranks are emulating; the main thread waits for them
+            assert sigint_to_threads(proc.pid, ranks), log.read_text()
+            code = proc.wait(timeout=120)
+        finally:
+            proc.kill()
+            proc.wait()
+    assert code == 130 and "mono-aot: interrupted" in log.read_text(), log.read_text()
