@@ -39,6 +39,7 @@ import importlib
 import time as _time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 import numpy as np
 
@@ -383,8 +384,6 @@ class Machine:
     def _step(self, w: Wave, ln: Launch, q: int) -> int:
         """Run ``w`` for up to ``q`` instructions; the number executed."""
         prog = ln.kernel.program
-        steps = prog.steps
-        touch_v, touch_s = prog.touch_v, prog.touch_s
         blocks = prog.blocks
         pc = w.pc
         n = 0
@@ -405,25 +404,13 @@ class Machine:
                     pc = b.run(w)
                     n += b.size
                     continue
-                if w.npend and not (touch_v[cur].isdisjoint(w.pend_v)
-                                    and touch_s[cur].isdisjoint(w.pend_s)):  # fmt: skip
-                    w.hazard(prog.reads_v[cur], prog.writes_v[cur], prog.reads_s[cur],
-                             prog.writes_s[cur])  # fmt: skip
-                w.time += CYCLES_PER_INSTRUCTION
-                pc = steps[cur](w)
+                pc = self._alone(w, prog, cur)
                 n += 1
                 if pc < 0:
                     pc = ~pc
                     break
-        except (Fault, MemoryFault) as e:
-            cur = getattr(e, "fused_pc", cur)  # inside a fused block (fuse.py)
-            raise self._error(w, ln, cur, str(e), getattr(e, "lane", None),
-                              getattr(e, "address", None)) from None  # fmt: skip
-        except EmulatorError:
-            raise
-        except Exception as e:  # a bug in an operation: still name where it happened
-            cur = getattr(e, "fused_pc", cur)
-            raise self._error(w, ln, cur, f"{type(e).__name__}: {e}", None, None) from e
+        except Exception as e:
+            self._raise_at(e, w, ln, cur)
         w.pc = pc
         w.icount += n
         return n
@@ -494,13 +481,8 @@ class Machine:
                         for w in members:
                             w.time -= CYCLES_PER_INSTRUCTION
                 nexts = []
-                for w in order:  # the same as ``_step`` does for one wave
-                    if w.npend and not (touch_v[cur].isdisjoint(w.pend_v)
-                                        and touch_s[cur].isdisjoint(w.pend_s)):  # fmt: skip
-                        w.hazard(prog.reads_v[cur], prog.writes_v[cur], prog.reads_s[cur],
-                                 prog.writes_s[cur])  # fmt: skip
-                    w.time += CYCLES_PER_INSTRUCTION
-                    nexts.append(steps[cur](w))
+                for w in order:
+                    nexts.append(self._alone(w, prog, cur))
                 n += 1
                 pc = nexts[0]
                 if pc < 0 or nexts.count(pc) != len(nexts):  # a yield, or the paths part
@@ -509,19 +491,33 @@ class Machine:
                         w.icount += n
                     return n
                 g.sync_exec()
-        except (Fault, MemoryFault) as e:
-            cur = getattr(e, "fused_pc", cur)
-            raise self._error(w, ln, cur, str(e), getattr(e, "lane", None),
-                              getattr(e, "address", None)) from None  # fmt: skip
-        except EmulatorError:
-            raise
         except Exception as e:
-            cur = getattr(e, "fused_pc", cur)
-            raise self._error(w, ln, cur, f"{type(e).__name__}: {e}", None, None) from e
+            self._raise_at(e, w, ln, cur)
         for w in members:
             w.pc = pc
             w.icount += n
         return n
+
+    @staticmethod
+    def _alone(w: Wave, prog: Compiled, cur: int) -> int:
+        """Instruction ``cur`` on ``w`` alone: its next instruction (``~next`` to yield)."""
+        if w.npend and not (prog.touch_v[cur].isdisjoint(w.pend_v)
+                            and prog.touch_s[cur].isdisjoint(w.pend_s)):  # fmt: skip
+            w.hazard(prog.reads_v[cur], prog.writes_v[cur], prog.reads_s[cur],
+                     prog.writes_s[cur])  # fmt: skip
+        w.time += CYCLES_PER_INSTRUCTION
+        return prog.steps[cur](w)
+
+    def _raise_at(self, e: Exception, w: Wave, ln: Launch, cur: int) -> NoReturn:
+        """``e``, raised by instruction ``cur`` of ``w`` (or inside the fused block there), as
+        the ``EmulatorError`` naming where; a bug in an operation is still named."""
+        if isinstance(e, EmulatorError):
+            raise e
+        cur = getattr(e, "fused_pc", cur)  # inside a fused block (fuse.py)
+        if isinstance(e, (Fault, MemoryFault)):
+            raise self._error(w, ln, cur, str(e), getattr(e, "lane", None),
+                              getattr(e, "address", None)) from None  # fmt: skip
+        raise self._error(w, ln, cur, f"{type(e).__name__}: {e}", None, None) from e
 
     def _error(self, w: Wave, ln: Launch, pc: int, why: str, lane, address) -> EmulatorError:
         k = ln.kernel

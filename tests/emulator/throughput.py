@@ -4,13 +4,14 @@ Not a test (nothing asserts a wall-clock figure): run it by hand before and afte
 the executor (``mono_aot/emulator/machine.py``, ``program.py``, ``wave.py``...)::
 
     mono-aot build --store STORE --layout emulator-tiny-tp4 --arch gfx942
-    python -m tests.emulator.throughput STORE [--instructions 3000000] [--profile]
+    python -m tests.emulator.throughput STORE [--instructions 3000000] [--profile] [--compare]
 
 It runs the selftest's narrow check (``--check wide``: its wide step of 2 requests) of the small
 test layout (``layouts/test/``) on 4 emulated
 devices exactly as ``mono-aot emulate`` does (``mono_aot/selftest/emulated.py``: real weights,
 caches and argument buffers), but stops the machine after ``--instructions`` wave-instructions
-and prints how fast they ran (``--profile``: and the cProfile of that run).
+and prints how fast they ran (``--profile``: and the cProfile of that run; ``--compare``: and
+how fast they ran with every wave alone, ``Machine(gangs=False)``, measured right after).
 """
 
 from __future__ import annotations
@@ -39,12 +40,28 @@ def main(argv: list[str] | None = None) -> None:
         help="the narrow step (1 request) or the wide step of 2 requests",
     )
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument(
+        "--compare",
+        action="store_true",
+        help="also run every wave alone (Machine(gangs=False)) and print the ratio",
+    )
     a = ap.parse_args(argv)
+    rows = [("gangs", _measure(a, gangs=True))]
+    if a.compare:
+        rows.append(("alone", _measure(a, gangs=False)))
+    for name, (n, s) in rows:
+        print(f"{name:6s} {n} wave-instructions in {s:.2f} s: {n / s:,.0f} per second")
+    if a.compare:
+        print(f"gangs / alone: {rows[1][1][1] / rows[0][1][1]:.2f}x")
+
+
+def _measure(a: argparse.Namespace, *, gangs: bool) -> tuple[int, float]:
+    """(wave-instructions, seconds) of one capped run."""
     from mono_aot.selftest.emulated import run_emulation
 
     runs: list[tuple[int, float]] = []
     prof = cProfile.Profile() if a.profile else None
-    real_run = machine_mod.Machine.run
+    real_run, real_init = machine_mod.Machine.run, machine_mod.Machine.__init__
 
     def capped(self, *, max_instructions=None):
         t0 = time.perf_counter()
@@ -63,19 +80,23 @@ def main(argv: list[str] | None = None) -> None:
             if prof is not None:
                 prof.disable()
 
+    def init(self, *args, **kw):
+        real_init(self, *args, **{**kw, "gangs": gangs})
+
     machine_mod.Machine.run = capped  # type: ignore[method-assign]
+    machine_mod.Machine.__init__ = init  # type: ignore[method-assign]
     try:
         env = {"MONO_AOT_PATH": a.store, "MONO_AOT_STRICT": "1"}
         requests = (2,) if a.check == "wide" else ()
         run_emulation(resolve_layout(LAYOUT), a.arch, [a.check], env=env, requests=requests)
     finally:
         machine_mod.Machine.run = real_run  # type: ignore[method-assign]
-    n, s = runs[0]
-    print(f"{n} wave-instructions in {s:.2f} s: {n / s:,.0f} per second")
+        machine_mod.Machine.__init__ = real_init  # type: ignore[method-assign]
     if prof is not None:
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(40)
         print(out.getvalue())
+    return runs[0]
 
 
 if __name__ == "__main__":
