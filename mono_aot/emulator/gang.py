@@ -11,11 +11,12 @@ the columns of waves ``first .. first + len(waves) - 1``: a view, written in pla
 an instruction once only when ``Compiled.gang`` says it may and the scalar registers it reads as
 values hold the same value in every member; EXEC and a lane-mask source (a carry-in, a
 ``v_cndmask`` select) are each member's own, concatenated. Gang-able are the VALU instructions
-that write only a vector destination under EXEC (their lane operations are elementwise:
-``lanes.py``), MFMA (one product per wave) and loads from global memory and LDS: those read
-memory at once for every member (an LDS read once per workgroup's members) and put one access
-in flight in each member (``Compiled.gang_steps``), which its own waits retire. None of these
-writes anything another wave can see, so running it for a member before its turn in the
+(their lane operations are elementwise: ``lanes.py``) that write a vector destination under
+EXEC, or a lane mask (a compare, a carry-out: each member's lanes of it go to its own SGPRs and
+EXEC), MFMA (one product per wave) and loads from global memory and LDS: those read memory at
+once for every member (LDS once per workgroup's members) and put one access in flight in each
+member, which its own waits retire (``Compiled.gang_steps`` holds these gang forms). None of
+them writes anything another wave can see, so running it for a member before its turn in the
 schedule changes no value another wave reads (a load may read memory up to a quantum earlier
 than the member alone would, as the quantum already allows). Everything else runs member by
 member (``Machine._step_gang``), and the gang breaks up where their paths part.
@@ -70,8 +71,8 @@ class Gang:
         return all([w.s[r] for r in regs] == want for w in self.waves[1:])
 
     def clear_of_loads(self, touch_v: frozenset[int], touch_s: frozenset[int]) -> bool:
-        """Whether no member has a load in flight to a register the instruction touches (a
-        member that has steps alone, where ``Wave.hazard`` names the register)."""
+        """Whether no member has a load in flight to a register the instruction touches (if
+        one has, the members step alone, and ``Wave.hazard`` names the register)."""
         for w in self.waves:
             if w.npend and not (touch_v.isdisjoint(w.pend_v) and touch_s.isdisjoint(w.pend_s)):
                 return False
