@@ -20,10 +20,11 @@ at the same instruction with clocks at most a quantum ahead (``gang.py``): they 
 together, each vector instruction that allows it once for all of them, anything else member by
 member in the order the scheduler would have picked them; so a gang reorders no more than a
 quantum does, and ``gangs=False`` runs every wave alone. All devices' waves share one
-scheduler, so a wave spinning on a flag another device writes lets every clock advance. Launches on one device run in order (one stream). The
-host queues a run's launches after the previous run returned, so none starts before the latest
-clock of any device: a device that sat idle (a rank that skipped a step) catches up, or its
-next launch would begin in the emulated past and time out waiting for peers still to start.
+scheduler, so a wave spinning on a flag another device writes lets every clock advance.
+Launches on one device run in order (one stream). The host queues a run's launches after the
+previous run returned, so none starts before the latest clock of any device: a device that sat
+idle (a rank that skipped a step) catches up, or its next launch would begin in the emulated
+past and time out waiting for peers still to start.
 
 Memory is sequentially consistent at instruction granularity: a load reads memory when it
 executes, a store writes it when it executes, an atomic is one indivisible step per lane (lanes
