@@ -189,9 +189,22 @@ class Machine:
         self.queues: list[list[Launch]] = [[] for _ in range(devices)]
         self.device_time = [0] * devices  # cycles: when each device's last launch ended
         self.ops: dict[str, Callable] = _lane_ops()  # the lane operations load binds
+        # (code object, kernel) -> (the ops it was compiled with, the kernel): every rank
+        # loads the same kernels, and a load (decode, compile) takes a second or two
+        self._loaded: dict[tuple[bytes, str | None], tuple[Mapping, LoadedKernel]] = {}
 
     # ------------------------------------------------------------------ loading
     def load(self, code_object: bytes, kernel: str | None = None) -> LoadedKernel:
+        """The kernel decoded and compiled (once per machine: it launches on any device)."""
+        key = (bytes(code_object), kernel)
+        hit = self._loaded.get(key)
+        if hit is not None and hit[0] is self.ops:
+            return hit[1]
+        loaded = self._load(code_object, kernel)
+        self._loaded[key] = (self.ops, loaded)
+        return loaded
+
+    def _load(self, code_object: bytes, kernel: str | None) -> LoadedKernel:
         co = CodeObject(code_object)
         if co.arch != self.arch:
             raise EmulatorError(f"the code object is for {co.arch}; this machine is {self.arch}")

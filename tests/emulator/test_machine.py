@@ -297,6 +297,26 @@ def test_launches_on_one_device_run_in_order():
     assert st.launches[0].end_cycles <= st.launches[1].start_cycles
 
 
+def test_a_kernel_loads_once_a_machine_and_runs_on_every_device():
+    """Every rank loads the same kernels: the second load is the first's kernel (decoding and
+    compiling takes seconds), launched on another device with its own registers and memory;
+    other lane operations (a test's table) compile it again."""
+    prog = prologue(Asm()).vop2("v_add_u32", 2, s(2), v(0))
+    prog.glob("global_store_dword", addr=1, data=2, saddr=4).endpgm()
+    blob = kernel_object(prog)
+    m = machine(devices=2)
+    outs = [buffer(m, OUT + (d << 24), 256, f"out {d}", device=d) for d in range(2)]
+    k0, k1 = m.load(blob), m.load(bytearray(blob))
+    assert k0 is k1
+    for d in range(2):
+        m.launch(d, k0, 1, 64, kernargs(OUT + (d << 24)))
+    m.run()
+    for out in outs:  # thread id + workgroup id (0)
+        assert out.view(np.uint32).tolist() == list(range(64))
+    m.ops = {**m.ops}
+    assert m.load(blob) is not k0
+
+
 def test_a_device_idle_in_one_run_starts_the_next_with_the_others():
     """The host queues a run's launches after the previous run returned: a device that sat
     out a run (a rank that skipped a step) must not start in the emulated past, or it would
