@@ -62,7 +62,7 @@ build: setup
 	$(BIN)/mono-aot build --arch $(ARCH)
 
 # Every check of `mono-aot emulate` on the small layout on both archs (README, "Emulator"):
-# the whole matrix CI takes a sample of; about half an hour an arch on one core.
+# the whole matrix CI takes a sample of; about 16 minutes an arch on one core.
 EMULATE_ARCHS ?= gfx942 gfx950
 test-emulator: setup
 	for a in $(EMULATE_ARCHS); do $(BIN)/mono-aot emulate --arch $$a || exit 1; done
