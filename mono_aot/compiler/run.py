@@ -28,7 +28,7 @@ from mono_aot.compiler.compile import (
 )
 from mono_aot.compiler.plan import Job, Toolchain, contract_kernargs, stale_reason
 from mono_aot.keys import Provider
-from mono_aot.spec.errors import MonoError
+from mono_aot.spec.errors import SIGNAL_POLL_S, MonoError
 from mono_aot.spec.util import sha256_hex
 from mono_aot.store import Entry, Store
 from mono_aot.store.entry import BlobRef, ElfInfo, KernargSlot, Launch, Provenance, Resources
@@ -169,9 +169,6 @@ def compile_and_check(
     return make_entry(job, res, kernargs, toolchain), res.code_object
 
 
-WAKE_S = 0.2  # how often the main thread wakes while jobs run, to run signal handlers
-
-
 def run_jobs(
     jobs: Sequence[Job],
     store: Store,
@@ -206,7 +203,7 @@ def run_jobs(
         # it until a job finished (the hang fixture's: never)
         pending = set(futures)
         while pending:
-            _, pending = wait(pending, timeout=WAKE_S)
+            _, pending = wait(pending, timeout=SIGNAL_POLL_S)
         return [f.result() for f in futures]
     except BaseException:  # Ctrl-C: the workers run in their own sessions, stop them here
         stopping.set()

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from mono_aot.runtime.device import DeviceFacts
 from mono_aot.selftest import CheckResult, Session
-from mono_aot.spec.errors import BadInput, MonoError
+from mono_aot.spec.errors import SIGNAL_POLL_S, BadInput, MonoError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -49,9 +49,6 @@ EMULATED_LAUNCH_S = 0.001
 MAX_WAVES_PER_DEVICE = 256
 TEST_LAYOUT = "emulator-tiny-tp4"  # the small layout shipped for the emulator (layouts/)
 SMALL_WAVES_HINT = "a few dozen"
-# The kernel may deliver a process's SIGINT to any thread, and Python handles it only when the
-# main thread runs: the main thread waits for the rank threads in slices this long.
-JOIN_SLICE_S = 0.2
 
 
 class EmulationFailed(MonoError):
@@ -430,7 +427,7 @@ class EmulatedSession(Session):
             t.start()
         for t in threads:
             while t.is_alive():  # in slices: the main thread sees a Ctrl-C another thread got
-                t.join(JOIN_SLICE_S)
+                t.join(SIGNAL_POLL_S)
         try:
             if errors:
                 r, e = min(errors.items())

@@ -11,6 +11,9 @@ EXIT_FAILED = 1  # an operation failed (compile, check, verify, I/O)
 EXIT_BAD_INPUT = 2  # bad input or usage (spec, option, unknown name, a missing extra)
 EXIT_NO_DEVICE = 3  # selftest only: no usable GPUs here, nothing was tested
 EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT), as shells report it
+# The kernel may deliver a process's SIGINT to any of its threads, and Python runs the handler
+# only when the main thread runs: a main thread waiting for worker threads wakes this often.
+SIGNAL_POLL_S = 0.2
 EXIT_TERMINATED = 143  # SIGTERM, as shells report it
 
 
