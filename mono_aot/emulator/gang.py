@@ -73,7 +73,4 @@ class Gang:
     def clear_of_loads(self, touch_v: frozenset[int], touch_s: frozenset[int]) -> bool:
         """Whether no member has a load in flight to a register the instruction touches (if
         one has, the members step alone, and ``Wave.hazard`` names the register)."""
-        for w in self.waves:
-            if w.npend and not (touch_v.isdisjoint(w.pend_v) and touch_s.isdisjoint(w.pend_s)):
-                return False
-        return True
+        return all(w.clear_of_loads(touch_v, touch_s) for w in self.waves)

@@ -406,14 +406,8 @@ class Machine:
             while n < q:
                 cur = pc
                 b = blocks[cur]
-                if (
-                    b is not None
-                    and n + b.size <= q
-                    and (
-                        not w.npend
-                        or (b.touch_v.isdisjoint(w.pend_v) and b.touch_s.isdisjoint(w.pend_s))
-                    )
-                ):  # a run of plain VALU instructions as one step (fuse.py)
+                if b is not None and n + b.size <= q and w.clear_of_loads(b.touch_v, b.touch_s):
+                    # a run of plain VALU instructions as one step (fuse.py)
                     w.time += CYCLES_PER_INSTRUCTION * b.size
                     pc = b.run(w)
                     n += b.size
@@ -515,8 +509,7 @@ class Machine:
     @staticmethod
     def _alone(w: Wave, prog: Compiled, cur: int) -> int:
         """Instruction ``cur`` on ``w`` alone: its next instruction (``~next`` to yield)."""
-        if w.npend and not (prog.touch_v[cur].isdisjoint(w.pend_v)
-                            and prog.touch_s[cur].isdisjoint(w.pend_s)):  # fmt: skip
+        if not w.clear_of_loads(prog.touch_v[cur], prog.touch_s[cur]):
             w.hazard(prog.reads_v[cur], prog.writes_v[cur], prog.reads_s[cur],
                      prog.writes_s[cur])  # fmt: skip
         w.time += CYCLES_PER_INSTRUCTION

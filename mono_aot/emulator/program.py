@@ -334,6 +334,13 @@ class Compiler:
         o.blocks = fuse_blocks(o)
         return o
 
+    def gang_able(self, reads_s: tuple[int, ...], lane_masks: tuple[int, ...] = (),
+                  gang_step: Step | None = None) -> None:  # fmt: skip
+        """Mark the instruction being compiled gang-able (``Compiled.gang``): its scalar value
+        sources are ``reads_s`` but EXEC and the ``lane_masks`` rows, each member's own."""
+        self.gang_s = tuple(r for r in reads_s if r not in (EXEC_LO, EXEC_HI, *lane_masks))
+        self.gang_step = gang_step
+
     def _regs(self, inst: Instruction, reads: tuple[str, ...], writes: tuple[str, ...],
               extra_rs: tuple[int, ...] = (), extra_ws: tuple[int, ...] = ()):  # fmt: skip
         rv: list[int] = []
@@ -678,8 +685,7 @@ class Compiler:
         if (dwr is not None or sdw is not None) and not any(
             o.kind == "special" and o.index in _WAVE_STATE for o in srcs
         ):  # a gang's waves share every operand but VGPRs, EXEC and a lane-mask source
-            mask_rows = self.srows(mask_src) if mask_src is not None else ()
-            self.gang_s = tuple(r for r in rs if r not in (EXEC_LO, EXEC_HI, *mask_rows))
+            self.gang_able(rs, self.srows(mask_src) if mask_src is not None else ())
         if not (need_ctx or fclamp or sdwa_dst or cmpx) and dwr is not None and sdw is None:
             self.meta = (self._packed(inst, srcs, dst, op),)
             return self._plain_valu(op, base_ctx, fetch, dwr, nxt), rv, wv, rs, ws
@@ -731,7 +737,7 @@ class Compiler:
                     g.sync_exec()
             return nxt
 
-        if sdw is not None:
+        if sdw is not None and self.gang_s is not None:
             self.gang_step = step_gang
         return step, rv, wv, rs, ws
 
@@ -912,7 +918,7 @@ class Compiler:
             return nxt
 
         rv, wv, rs, ws = regs
-        self.gang_s = rs
+        self.gang_able(rs)
         return pkmov, rv, wv, rs + (EXEC_LO, EXEC_HI), ws
 
     # ---- lane-crossing operations the executor owns
@@ -1023,7 +1029,7 @@ class Compiler:
 
             return missing, rv, wv, rs, ws
 
-        self.gang_s = tuple(r for r in rs if r not in (EXEC_LO, EXEC_HI))
+        self.gang_able(rs)
 
         def step(w):
             if not w.exec_all:
@@ -1114,7 +1120,7 @@ class Compiler:
                     _issue_each(g, lo, hi, "lds", off, lgkm_w, d_r, ndw, vals)
                 return nxt
 
-            self.gang_s, self.gang_step = (), dsread_gang
+            self.gang_able(rs, gang_step=dsread_gang)
             return dsread, rv, (), rs, ()
         if kind in ("write", "write2"):
             d0 = inst.operand("data0")
@@ -1202,8 +1208,7 @@ class Compiler:
                 _issue_each(g, 0, len(g.waves), "vm", off, vm_w, d_r, ndw, load(g))
                 return nxt
 
-            self.gang_s = tuple(r for r in rs if r not in (EXEC_LO, EXEC_HI))
-            self.gang_step = gload_gang
+            self.gang_able(rs, gang_step=gload_gang)
             return gload, rv, (), rs, ()
         if kind == "store":
             dv = inst.operand("vdata")

@@ -193,6 +193,12 @@ class Wave:
     def vname(self, row: int) -> str:
         return f"v{row}" if row < self.accum else f"a{row - self.accum}"
 
+    def clear_of_loads(self, touch_v: frozenset[int], touch_s: frozenset[int]) -> bool:
+        """Whether no load in flight writes a register of ``touch_v``/``touch_s`` (if one does,
+        ``hazard`` names it)."""
+        return not self.npend or (touch_v.isdisjoint(self.pend_v)
+                                  and touch_s.isdisjoint(self.pend_s))  # fmt: skip
+
     def hazard(self, reads_v, writes_v, reads_s, writes_s) -> None:
         """Raise when the instruction touches a register a load in flight will write."""
         for rows, pend, what, name in (

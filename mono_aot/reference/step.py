@@ -582,7 +582,8 @@ KV_LATER_LAYER_TOL = 2e-2
 
 def near_boundary(prequant: torch.Tensor, fmt: FP8Format | str) -> torch.Tensor:
     """Which pre-encode K/V values (``[..., 2*head_dim]``: K then V) a correct layer-0 kernel
-    may encode one code away from the reference: the two bounds of ``KV_BOUNDARY_TOL``."""
+    may encode one code away from the reference: ``KV_BOUNDARY_TOL`` and
+    ``KV_ENTRY_BOUNDARY_TOL`` (see there)."""
     gap = boundary_gap(prequant, fmt)
     x = prequant.to(torch.float64).nan_to_num(0.0, 0.0, 0.0)
     D = x.shape[-1] // 2
@@ -601,8 +602,7 @@ def compare_caches(
 ) -> tuple[int, int]:
     """Every cache byte of every layer equals the reference's, except written codes: in layer
     0 those whose pre-encode value lies as near an fp8 rounding boundary as ``near_boundary``
-    allows,
-    in later layers all of a layer's written codes when their values are within
+    allows, in later layers all of a layer's written codes when their values are within
     ``KV_LATER_LAYER_TOL`` of the reference's as a whole. Returns ``(bad bytes, tolerated
     differences)``."""
     f = resolve_format(fmt)
@@ -644,7 +644,6 @@ __all__ = [
     "KVAgreement",
     "KV_BOUNDARY_TOL",
     "KV_ENTRY_BOUNDARY_TOL",
-    "near_boundary",
     "KV_LATER_LAYER_TOL",
     "allreduce",
     "compare_caches",
@@ -652,6 +651,7 @@ __all__ = [
     "gemma_norm",
     "kv_agreement",
     "max_rel_error",
+    "near_boundary",
     "norm_rel_error",
     "neox_rope",
     "rank_step",
