@@ -11,8 +11,11 @@ when the heap sits at different addresses: repeating ``gpu-module-to-binary`` on
 module inside one process gives several different code objects. No FlyDSL or LLVM option turns
 that off, so the build removes the variation from the process instead:
 
-* the worker disables address-space randomisation for itself (``personality(ADDR_NO_RANDOMIZE)``
-  and a re-exec, see ``mono_aot.compiler.worker``), so every mapping starts at the same address;
+* the worker re-executes itself with address-space randomisation off
+  (``personality(ADDR_NO_RANDOMIZE)``), so every mapping starts at the same address, as the base
+  interpreter by its real path with its import roots at ``/proc/self/fd/N``, so no string in
+  the process depends on how the build was started or where the venv and the checkout are
+  (``mono_aot.compiler.worker.enter_canonical_process``);
 * the worker's inputs are byte-identical for identical build inputs wherever the output
   directory is: the same argv (``request.json``, relative), an environment made here from
   constants (every path in it relative to the working directory), no ``sys.path`` entry for the
@@ -43,7 +46,14 @@ from pathlib import Path
 from typing import Any
 
 from mono_aot.compiler.codeobject import CodeObjectError, CodeObjectInfo, parse_code_object
-from mono_aot.compiler.protocol import CODE_FILE, ISA_FILE, RESULT_FILE, WORKER_PROTOCOL
+from mono_aot.compiler.protocol import (
+    CODE_FILE,
+    ISA_FILE,
+    RESULT_FILE,
+    WORKER_PROTOCOL,
+    worker_interpreter,
+)
+from mono_aot.compiler.worker import canonical_argv
 from mono_aot.compiler.toolchain import Linker, find_linker, prepare_rocm_dir
 from mono_aot.keys import Provider
 from mono_aot.spec.errors import MonoError
@@ -94,14 +104,18 @@ def options_identity(arch: str) -> dict[str, Any]:
     return {
         "env": compile_options(arch),
         "worker_protocol": WORKER_PROTOCOL,
-        "worker_argv": _worker_argv()[1:],
+        "worker_argv": canonical_argv(REQUEST_FILE),
+        # the compiling interpreter: its path is in every module name of the standard library
+        "interpreter": {"path": worker_interpreter(), "version": sys.version},
         "address_space": "fixed",  # the worker runs with ADDR_NO_RANDOMIZE (Linux)
         "device_libs": "none",  # ROCM_PATH holds only the linker: no ocml/ockl bitcode
     }
 
 
 def _worker_argv() -> list[str]:
-    # -P: no sys.path entry for the working directory (its absolute path would differ per build)
+    # the bootstrap: this interpreter, so the worker finds what this process imports; it
+    # re-executes as the canonical process (mono_aot.compiler.worker.enter_canonical_process).
+    # -P: no sys.path entry for the working directory
     return [sys.executable, "-P", "-m", "mono_aot.compiler.worker", REQUEST_FILE]
 
 

@@ -6,12 +6,13 @@ Run as ``python -P -m mono_aot.compiler.worker request.json`` in the output dire
 ``ROCM_PATH``, all paths relative) before this interpreter starts, so it is in place before
 FlyDSL is imported. An LLVM abort kills only this process; the parent reports it.
 
-First thing, on Linux, the worker turns off address-space randomisation for itself: it sets
-``ADDR_NO_RANDOMIZE`` in its personality and re-executes itself with the same argv and
-environment (the flag takes effect at ``execve``). LLVM's optimiser orders some work by pointer
-value; with a fixed layout and identical inputs (see ``mono_aot.compiler.compile``) the pointers,
-and so the bytes, are the same in every build. If the kernel refuses the flag the compile goes
-on, ``result.json`` says ``address_space: randomized`` and stderr has a warning.
+First thing, on Linux, the worker re-executes itself as a process whose memory layout depends
+on no path of this machine (``enter_canonical_process``): the base interpreter by its real path,
+its import roots as ``/proc/self/fd/N``, address-space randomisation off (``ADDR_NO_RANDOMIZE``
+takes effect at ``execve``). LLVM's optimiser orders some work by pointer value; with a fixed
+layout and identical inputs (see ``mono_aot.compiler.compile``) the pointers, and so the bytes,
+are the same in every build. If the kernel refuses the flag the compile goes on, ``result.json``
+says ``address_space: randomized`` and stderr has a warning.
 
 The request names a provider module (``KERNEL_NAMES``, ``launcher_for``, ``trace_args``), the
 variant, the layout (its model dump), the arch and the output directory. The worker writes
@@ -40,7 +41,46 @@ from mono_aot.spec.errors import MonoError
 
 ADDR_NO_RANDOMIZE = 0x0040000  # linux/personality.h
 _QUERY_PERSONALITY = 0xFFFFFFFF
-FIXED_MARK = "--address-space-fixed"  # argv of the re-executed worker (the same for every build)
+CANONICAL_MARK = "--canonical"  # last argument of the re-executed worker (the same in every build)
+ROOT_FD = 10  # the compiling process sees its i-th import root at /proc/self/fd/(ROOT_FD + i)
+_ASLR_REASON = "MONO_AOT_WORKER_ASLR"  # why the bootstrap could not fix the address space
+
+
+def canonical_argv(request: str) -> list[str]:
+    """The compiling process's argv after the interpreter: the same in every build."""
+    return ["-S", "-P", "-m", "mono_aot.compiler.worker", request, CANONICAL_MARK]
+
+
+def canonical_pythonpath(n_roots: int) -> str:
+    return os.pathsep.join(f"/proc/self/fd/{ROOT_FD + i}" for i in range(n_roots))
+
+
+def _stdlib_paths() -> set[str]:
+    import sysconfig
+
+    plat = sysconfig.get_path("platstdlib")
+    zipped = f"python{sys.version_info[0]}{sys.version_info[1]}.zip"
+    paths = (
+        sysconfig.get_path("stdlib"),
+        plat,
+        os.path.join(plat, "lib-dynload"),
+        os.path.join(sys.base_prefix, "lib", zipped),
+    )
+    return {os.path.realpath(p) for p in paths}
+
+
+def import_roots(path: list[str]) -> list[str]:
+    """The entries of ``path`` the compile imports from, in order: the standard library (which
+    the base interpreter finds by itself), missing entries and repeats of one directory left out."""
+    skip, seen, roots = _stdlib_paths(), set(), []
+    for p in path:
+        if not p or not os.path.exists(p):
+            continue
+        real = os.path.realpath(p)
+        if real not in skip and real not in seen:
+            seen.add(real)
+            roots.append(p)
+    return roots
 
 
 def _personality() -> tuple[object, int]:
@@ -52,29 +92,71 @@ def _personality() -> tuple[object, int]:
     return libc, libc.personality(_QUERY_PERSONALITY)
 
 
-def fix_address_space(argv: list[str]) -> str:
-    """Re-exec this process with address-space randomisation off; return how it runs.
-
-    ``fixed``: ``ADDR_NO_RANDOMIZE`` is in effect. ``randomized: why``: it could not be set; the
-    caller warns. Returns only when no re-exec happens.
-    """
-    if not sys.platform.startswith("linux"):
-        return "randomized: not Linux"
+def _disable_aslr() -> str:
+    """Ask for ``ADDR_NO_RANDOMIZE`` at the next exec; '' when granted, else why not."""
     try:
         libc, cur = _personality()
     except (OSError, AttributeError) as e:
-        return f"randomized: no personality() ({e})"
+        return f"no personality() ({e})"
     if cur != -1 and cur & ADDR_NO_RANDOMIZE:
-        return "fixed"
-    if FIXED_MARK in argv:  # re-executed, yet the flag did not stick: never loop
-        return "randomized: the flag was set but is not in effect"
+        return ""
     if cur == -1 or libc.personality(cur | ADDR_NO_RANDOMIZE) == -1:  # type: ignore[attr-defined]
         import ctypes
 
-        return f"randomized: personality(ADDR_NO_RANDOMIZE) refused ({os.strerror(ctypes.get_errno())})"
+        return f"personality(ADDR_NO_RANDOMIZE) refused ({os.strerror(ctypes.get_errno())})"
+    return ""
+
+
+def _place_roots(roots: list[str]) -> None:
+    """Open every root and put it at descriptor ``ROOT_FD + i``, inheritable across exec."""
+    import fcntl
+
+    high = []
+    for root in roots:  # first above every target, so no open file sits where a root goes
+        fd = os.open(root, os.O_RDONLY)
+        high.append(fcntl.fcntl(fd, fcntl.F_DUPFD, ROOT_FD + len(roots)))
+        os.close(fd)
+    for i, fd in enumerate(high):
+        os.dup2(fd, ROOT_FD + i, inheritable=True)
+        os.close(fd)
+
+
+def enter_canonical_process(request: str, *, canonical: bool) -> str:
+    """Become the compiling process whose memory layout no path of this machine moves; return
+    how its address space runs (``fixed`` or ``randomized: why``).
+
+    The first call (the bootstrap, started by whichever interpreter ran the build) re-executes:
+    the base interpreter by its real path (``protocol.worker_interpreter``), with site-packages
+    off (``-S``) and ``PYTHONPATH`` naming its import roots (mono_aot, site-packages and the
+    directories their ``.pth`` files add) as ``/proc/self/fd/N``, and with address-space
+    randomisation off. The strings of argv, environment, ``sys.path`` and every module's
+    ``__file__`` are then the same wherever the venv, the checkout or the output directory is,
+    and so are the heap addresses LLVM's pointer-ordered passes see. Returns only in the
+    re-executed process (or where there is no ``/proc``: not Linux).
+    """
+    if canonical:
+        why = os.environ.pop(_ASLR_REASON, "")
+        if not why:
+            try:
+                _, cur = _personality()
+                why = "" if cur != -1 and cur & ADDR_NO_RANDOMIZE else "the flag is not in effect"
+            except (OSError, AttributeError) as e:
+                why = f"no personality() ({e})"
+        return f"randomized: {why}" if why else "fixed"
+    if not sys.platform.startswith("linux"):
+        return "randomized: not Linux"
+    from mono_aot.compiler.protocol import worker_interpreter
+
+    roots = import_roots(sys.path)
+    _place_roots(roots)
+    env = dict(os.environ, PYTHONPATH=canonical_pythonpath(len(roots)))
+    why = _disable_aslr()
+    if why:
+        env[_ASLR_REASON] = why
+    interpreter = worker_interpreter()
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:], FIXED_MARK])
+    os.execve(interpreter, [interpreter, *canonical_argv(request)], env)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -248,11 +330,12 @@ def run(request_path: Path, address_space: str = "fixed") -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    how = fix_address_space(argv)  # re-execs (does not return) the first time on Linux
-    args = [a for a in argv if a != FIXED_MARK]
+    args = [a for a in argv if a != CANONICAL_MARK]
     if len(args) != 1:
         print("usage: python -m mono_aot.compiler.worker REQUEST.json", file=sys.stderr)
         return 2
+    # re-execs (does not return) the first time on Linux
+    how = enter_canonical_process(args[0], canonical=CANONICAL_MARK in argv)
     return run(Path(args[0]), how)
 
 
