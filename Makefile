@@ -12,7 +12,13 @@ VLLM_VENV ?= .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_PIN ?= vllm==0.33.0
 
-.PHONY: setup test test-fast test-rocm test-vllm test-emulator setup-vllm build wheel dist lint clean bench
+# The oldest FlyDSL the build extra accepts (its lower bound in pyproject.toml) builds the tiny
+# layout in a venv of its own (README, "FlyDSL versions"); make setup installs the newest.
+OLDEST_VENV ?= .venv-flydsl-oldest
+OLDEST_BIN := $(OLDEST_VENV)/bin
+FLYDSL_OLDEST = $(shell $(PYTHON) -c "import re, tomllib; d = tomllib.load(open('pyproject.toml', 'rb')); print(next(re.search(r'>=([^,]+)', r)[1] for r in d['project']['optional-dependencies']['build'] if r.startswith('flydsl')))")
+
+.PHONY: setup test test-fast test-rocm test-vllm test-emulator test-flydsl-oldest setup-vllm build wheel dist lint clean bench
 
 setup: $(BIN)/mono-aot
 
@@ -52,6 +58,16 @@ test-vllm: setup setup-vllm
 	$(BIN)/mono-aot build --layout minimax-m3-dspark-tp4 --arch gfx942 --store "$(MONO_AOT_TEST_STORE)"
 	MONO_AOT_REQUIRE_VLLM=1 VLLM_TARGET_DEVICE=cpu $(VLLM_BIN)/python -m pytest -q tests/vllm
 
+$(OLDEST_BIN)/.installed: pyproject.toml
+	test -x $(OLDEST_BIN)/python || $(PYTHON) -m venv $(OLDEST_VENV)
+	$(OLDEST_BIN)/python -m pip install --quiet --upgrade pip
+	$(OLDEST_BIN)/python -m pip install --quiet "$(TORCH_PIN)"
+	$(OLDEST_BIN)/python -m pip install --quiet -e ".[build]" "flydsl==$(FLYDSL_OLDEST)" "$(TORCH_PIN)"
+	@touch $@
+
+test-flydsl-oldest: setup $(OLDEST_BIN)/.installed
+	MONO_AOT_TEST_FLYDSL_PYTHON=$(CURDIR)/$(OLDEST_BIN)/python $(BIN)/python -m pytest -q tests/compiler/test_flydsl_versions.py
+
 # On an MI300X / MI355X box with a ROCm build of torch already in .venv
 # (make setup TORCH_PIN=torch keeps it): the GPU tests, then the kernels' selftest.
 test-rocm: setup
@@ -87,5 +103,5 @@ lint: setup
 	$(BIN)/python -m ruff format --check mono_aot tests hatch_build.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) artifacts/* .pytest_cache build dist *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) $(OLDEST_VENV) artifacts/* .pytest_cache build dist *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

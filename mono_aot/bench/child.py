@@ -8,15 +8,19 @@ nothing of ``mono_aot`` is imported before the clock starts. It prints one line
 Modes (the parent sets the environment of each before this interpreter starts):
 
 * ``import MODULE``: torch first (as in a vLLM worker), then ``import MODULE``.
-* ``flydsl ARCH LAYOUT VARIANT...``: torch, ``import flydsl``, then each variant's launcher of
-  the kernel provider built and called with its trace arguments. With an empty FlyDSL cache and
-  ``COMPILE_ONLY=1`` FlyDSL compiles just in time and fills its cache; with
-  ``FLYDSL_RUNTIME_RUN_ONLY=1`` it serves the cache or raises. The kernel provider is imported
-  by name here, in this subprocess only: the bench never imports the kernels in its own process.
-* ``bind ARCH LAYOUT REPEATS HIP``: torch, the runtime's imports, then both kernels bound: keys,
-  lookup, verified bytes, target and kernarg checks and, with ``HIP=stand-in``, module load
-  through the stand-in HIP library (``MONO_AOT_HIP_LIBRARY``); with ``HIP=none`` up to the
-  driver call. Then ``REPEATS`` more binds in the same process.
+* ``flydsl ARCH LAYOUT REPEATS VARIANT...``: torch, ``import flydsl``, then each variant's
+  launcher of the kernel provider built and called with its trace arguments, then called
+  ``REPEATS`` more times in the same process (what a serving path that launches through the JIT
+  launcher pays every step). With an empty FlyDSL cache and ``COMPILE_ONLY=1`` FlyDSL compiles
+  just in time and fills its cache; with ``FLYDSL_RUNTIME_RUN_ONLY=1`` it serves the cache or
+  raises. The kernel provider is imported by name here, in this subprocess only: the bench never
+  imports the kernels in its own process.
+* ``bind ARCH LAYOUT REPEATS HIP LAUNCHES``: torch, the runtime's imports, then both kernels
+  bound: keys, lookup, verified bytes, target and kernarg checks and, with ``HIP=stand-in``,
+  module load through the stand-in HIP library (``MONO_AOT_HIP_LIBRARY``); with ``HIP=none`` up
+  to the driver call. Then ``REPEATS`` more binds in the same process and, with the stand-in,
+  ``LAUNCHES`` launches of each kernel through mono-aot's launcher (kernarg packing and the
+  ``hipModuleLaunchKernel`` call; the stand-in returns at once).
 """
 
 from __future__ import annotations
@@ -58,13 +62,13 @@ def mode_import(module: str) -> dict:
     return {"torch": torch, "import": _since(t)}
 
 
-def mode_flydsl(arch: str, layout_name: str, variants: list[str]) -> dict:
+def mode_flydsl(arch: str, layout_name: str, repeats: int, variants: list[str]) -> dict:
     import importlib
     import os
 
     torch = _torch()
     t = _clock()
-    import flydsl  # noqa: F401
+    import flydsl
 
     imports = _since(t)
     from mono_aot.keys import REAL_PROVIDER
@@ -73,15 +77,21 @@ def mode_flydsl(arch: str, layout_name: str, variants: list[str]) -> dict:
     layout = resolve_layout(layout_name)
     t = _clock()
     provider = importlib.import_module(REAL_PROVIDER)
-    per_variant = {}
+    per_variant, launchers = {}, {}
     for v in variants:
         tv = _clock()
-        launcher = provider.launcher_for(v, layout, arch)
-        ret = launcher(*provider.trace_args(v, layout))
+        launchers[v] = provider.launcher_for(v, layout, arch), tuple(provider.trace_args(v, layout))
+        ret = launchers[v][0](*launchers[v][1])
         if ret is not None:
             raise SystemExit(f"the {v} launcher returned {ret!r} under COMPILE_ONLY=1")
         per_variant[v] = _since(tv)
     kernels = _since(t)
+    repeated: dict[str, list] = {v: [] for v in variants}
+    for _ in range(repeats):
+        for v, (launcher, args) in launchers.items():
+            tv = _clock()
+            launcher(*args)
+            repeated[v].append(_since(tv))
     cache = os.environ.get("FLYDSL_RUNTIME_CACHE_DIR", "")
     files = sum(len(fs) for _, _, fs in os.walk(cache)) if cache else 0
     return {
@@ -89,11 +99,13 @@ def mode_flydsl(arch: str, layout_name: str, variants: list[str]) -> dict:
         "imports": imports,
         "kernels": kernels,
         "per_variant": per_variant,
+        "repeated": repeated,
         "cache_files": files,
+        "flydsl_version": flydsl.__version__,
     }
 
 
-def mode_bind(arch: str, layout_name: str, repeats: int, hip: str) -> dict:
+def mode_bind(arch: str, layout_name: str, repeats: int, hip: str, launches: int) -> dict:
     torch = _torch()
     t = _clock()
     import mono_aot.runtime  # noqa: F401
@@ -111,6 +123,8 @@ def mode_bind(arch: str, layout_name: str, repeats: int, hip: str) -> dict:
 
     imports = _since(t)
 
+    bound = {}
+
     def bind_stand_in() -> list[str]:
         layout = resolve_layout(layout_name)
         device = TorchHipDevice()
@@ -120,6 +134,7 @@ def mode_bind(arch: str, layout_name: str, repeats: int, hip: str) -> dict:
             if not launcher.function:
                 raise SystemExit(f"the {v} kernel has no function handle")
             out.append(launcher.entry.key)
+            bound[v] = launcher
         return out
 
     def bind_no_hip() -> list[str]:
@@ -150,6 +165,13 @@ def mode_bind(arch: str, layout_name: str, repeats: int, hip: str) -> dict:
         if bind() != keys:
             raise SystemExit("a repeated bind served other keys")
         again.append(_since(t))
+    launched: dict[str, list] = {v: [] for v in bound}
+    for v, launcher in bound.items():
+        args = (0,) * len(launcher.slots)  # null pointers: the stand-in runs nothing
+        for _ in range(launches):
+            t = _clock()
+            launcher(*args)
+            launched[v].append(_since(t))
     return {
         "torch": torch,
         "import_runtime": import_runtime,
@@ -157,6 +179,7 @@ def mode_bind(arch: str, layout_name: str, repeats: int, hip: str) -> dict:
         "first": first,
         "repeats": again,
         "keys": keys,
+        "launches": launched,
         "mono_aot_from": "wheel" if "site-packages" in mono_aot.runtime.__file__ else "source",
     }
 
@@ -166,9 +189,9 @@ def main(argv: list[str]) -> int:
     if mode == "import":
         doc = mode_import(args[0])
     elif mode == "flydsl":
-        doc = mode_flydsl(args[0], args[1], args[2:])
+        doc = mode_flydsl(args[0], args[1], int(args[2]), args[3:])
     elif mode == "bind":
-        doc = mode_bind(args[0], args[1], int(args[2]), args[3])
+        doc = mode_bind(args[0], args[1], int(args[2]), args[3], int(args[4]))
     else:
         print(f"unknown mode {mode!r}", file=sys.stderr)
         return 2

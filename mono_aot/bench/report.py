@@ -11,6 +11,7 @@ SECTIONS = (
     ("bind", "3. mono-aot warm bind, fresh process with torch imported"),
     ("build", "4. Builds"),
     ("imports", "5. Imports"),
+    ("calls", "6. Per call in a warm process: FlyDSL's JIT launcher, mono-aot's launcher"),
 )
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from mono_aot.spec.errors import MonoError
+from mono_aot.spec.layouts import VARIANTS
 
 SCHEMA = "mono-aot.bench/1"
 ARCHS = ("gfx942", "gfx950")
@@ -88,7 +89,7 @@ def stats(xs: Sequence[float]) -> dict[str, float]:
 @dataclass
 class Figure:
     label: str
-    item: str  # the issue's item: jit, flydsl-warm, bind, build, imports, baseline
+    item: str  # the table's section: jit, flydsl-warm, bind, build, imports, calls, baseline
     wall: list[float] = field(default_factory=list)
     cpu: list[float] | None = field(default_factory=list)
     skipped: str | None = None
@@ -181,13 +182,24 @@ class Plan:
     heavy: int  # runs of the cold just-in-time compile
     bind_repeats: int  # in-process repeats of the bind
     store: Path | None  # a store to bind from (filled first when anything is missing)
+    call_repeats: int = 2  # repeated calls of each FlyDSL JIT launcher per warm process
+    launches: int = 200  # launches of each kernel through mono-aot's launcher per bind process
+    flydsl_pythons: tuple[str, ...] = ()  # interpreters with other FlyDSL versions
 
     @classmethod
-    def make(cls, quick: bool, layout: str, jobs: int | None, store: Path | None) -> Plan:
+    def make(
+        cls,
+        quick: bool,
+        layout: str,
+        jobs: int | None,
+        store: Path | None,
+        flydsl_pythons: Sequence[str] = (),
+    ) -> Plan:
         n = jobs or os.cpu_count() or 1
+        others = tuple(flydsl_pythons)
         if quick:
-            return cls(True, (QUICK_ARCH,), layout, n, 3, 2, 1, 15, store)
-        return cls(False, ARCHS, layout, n, 5, 3, 2, BIND_REPEATS, store)
+            return cls(True, (QUICK_ARCH,), layout, n, 3, 2, 1, 15, store, 1, 50, others)
+        return cls(False, ARCHS, layout, n, 5, 3, 2, BIND_REPEATS, store, 2, 200, others)
 
 
 class Bench:
@@ -349,52 +361,92 @@ class Bench:
 
         return list(resolve_layout(self.plan.layout).variants())
 
+    def _flydsl_version(self, python: str) -> str:
+        argv = [python, "-c", "import importlib.metadata as m; print(m.version('flydsl'))"]
+        p = _checked(run_proc(argv, self.base_env), f"{python}: FlyDSL's version")
+        return p.stdout.strip()
+
     def flydsl(self) -> None:
+        """FlyDSL's just-in-time compile and warm cache in fresh processes, and its launcher's
+        first and repeated calls in one process, for this interpreter's FlyDSL and for each
+        ``--flydsl-python`` (another FlyDSL version): FlyDSL 0.5 traces the kernel on every
+        call of a ``@flyc.jit`` launcher, 0.4 only on the first."""
         from mono_aot.compiler.toolchain import find_linker, prepare_rocm_dir
 
         rocm = prepare_rocm_dir(find_linker(), self._dir("rocm"))
         variants = self._variants()
-        for arch in ARCHS:
-            names = {
-                "jit_cold": f"FlyDSL just in time, empty cache, {'+'.join(variants)} ({arch})",
-                "jit_cold_process": f"  the whole process, torch import included ({arch})",
-                "flydsl_warm": f"FlyDSL warm disk cache, {'+'.join(variants)} ({arch})",
-                "flydsl_warm_process": f"  the whole process, torch import included ({arch})",
-            }
-            if arch not in self.plan.archs:
-                for k, label in names.items():
-                    item = "jit" if k.startswith("jit") else "flydsl-warm"
-                    self.skip(f"{k}/{arch}", label, item, "skipped in --quick (one arch)")
-                continue
-            jit = self.fig(f"jit_cold/{arch}", names["jit_cold"], "jit")
-            jitp = self.fig(f"jit_cold_process/{arch}", names["jit_cold_process"], "jit")
-            cache = None
-            for i in range(self.plan.heavy):
-                self.log(f"bench: FlyDSL just-in-time compile, {arch}, run {i + 1}")
-                cache = self._dir(f"flydsl-cache-{arch}")
-                env = self._flydsl_env(arch, cache, rocm, run_only=False)
-                argv = [sys.executable, "-P", str(CHILD), "flydsl", arch, self.plan.layout]
-                p = _checked(run_proc(argv + variants, env, cwd=cache.parent), "FlyDSL JIT")
-                d = p.doc()
-                if not d["cache_files"]:
-                    raise BenchError("FlyDSL's just-in-time compile wrote nothing to its cache")
-                jit.wall.append(d["imports"]["wall"] + d["kernels"]["wall"])
-                jit.cpu.append(d["imports"]["cpu"] + d["kernels"]["cpu"])
-                jitp.wall.append(p.wall)
-                jitp.cpu.append(p.cpu)
-            warm = self.fig(f"flydsl_warm/{arch}", names["flydsl_warm"], "flydsl-warm")
-            warmp = self.fig(f"flydsl_warm_process/{arch}", names["flydsl_warm_process"], "flydsl-warm")  # fmt: skip
-            self.log(f"bench: FlyDSL warm cache, {arch}")
-            for _ in range(self.plan.mid):
-                env = self._flydsl_env(arch, cache, rocm, run_only=True)
-                argv = [sys.executable, "-P", str(CHILD), "flydsl", arch, self.plan.layout]
-                p = _checked(run_proc(argv + variants, env, cwd=cache.parent), "FlyDSL warm cache")
-                d = p.doc()
-                warm.wall.append(d["imports"]["wall"] + d["kernels"]["wall"])
-                warm.cpu.append(d["imports"]["cpu"] + d["kernels"]["cpu"])
-                warmp.wall.append(p.wall)
-                warmp.cpu.append(p.cpu)
+        pythons = [sys.executable, *self.plan.flydsl_pythons]
+        versions = [self._flydsl_version(py) for py in pythons]
+        for i, (python, version) in enumerate(zip(pythons, versions, strict=True)):
+            suffix = "" if i == 0 else f"@{version}"  # this interpreter's names stay as before
+            for arch in ARCHS:
+                self._flydsl_arch(python, f"FlyDSL {version}", suffix, arch, variants, rocm)
         self.flydsl_stop = NOT_MEASURED[2]["why"]
+
+    def _flydsl_arch(
+        self, python: str, fly: str, suffix: str, arch: str, variants: list[str], rocm: Path
+    ) -> None:
+        both = "+".join(variants)
+        names = {
+            "jit_cold": f"{fly} just in time, empty cache, {both} ({arch})",
+            "jit_cold_process": f"  the whole process, torch import included ({arch})",
+            "flydsl_warm": f"{fly} warm disk cache, {both} ({arch})",
+            "flydsl_warm_process": f"  the whole process, torch import included ({arch})",
+        }
+        calls = {}
+        for v in variants:
+            calls[f"flydsl_call_first{suffix}/{arch}/{v}"] = (
+                f"{fly} JIT launcher, first call, warm cache, {v} ({arch})"
+            )
+            calls[f"flydsl_call_repeat{suffix}/{arch}/{v}"] = (
+                f"{fly} JIT launcher, repeated call in the process, {v} ({arch})"
+            )
+        if arch not in self.plan.archs:
+            for k, label in names.items():
+                item = "jit" if k.startswith("jit") else "flydsl-warm"
+                self.skip(f"{k}{suffix}/{arch}", label, item, "skipped in --quick (one arch)")
+            for k, label in calls.items():
+                self.skip(k, label, "calls", "skipped in --quick (one arch)")
+            return
+        jit = self.fig(f"jit_cold{suffix}/{arch}", names["jit_cold"], "jit")
+        jitp = self.fig(f"jit_cold_process{suffix}/{arch}", names["jit_cold_process"], "jit")
+        cache = None
+        argv = [python, "-P", str(CHILD), "flydsl", arch, self.plan.layout]
+        for i in range(self.plan.heavy if not suffix else 1):
+            self.log(f"bench: {fly} just-in-time compile, {arch}, run {i + 1}")
+            cache = self._dir(f"flydsl-cache-{arch}")
+            env = self._flydsl_env(arch, cache, rocm, run_only=False)
+            p = _checked(run_proc([*argv, "0", *variants], env, cwd=cache.parent), "FlyDSL JIT")
+            d = p.doc()
+            if not d["cache_files"]:
+                raise BenchError(f"{fly}'s just-in-time compile wrote nothing to its cache")
+            jit.wall.append(d["imports"]["wall"] + d["kernels"]["wall"])
+            jit.cpu.append(d["imports"]["cpu"] + d["kernels"]["cpu"])
+            jitp.wall.append(p.wall)
+            jitp.cpu.append(p.cpu)
+        warm = self.fig(f"flydsl_warm{suffix}/{arch}", names["flydsl_warm"], "flydsl-warm")
+        warmp = self.fig(
+            f"flydsl_warm_process{suffix}/{arch}", names["flydsl_warm_process"], "flydsl-warm"
+        )
+        figs = {k: self.fig(k, label, "calls") for k, label in calls.items()}
+        self.log(f"bench: {fly} warm cache and repeated calls, {arch}")
+        repeats = str(self.plan.call_repeats)
+        for _ in range(self.plan.mid):
+            env = self._flydsl_env(arch, cache, rocm, run_only=True)
+            p = run_proc([*argv, repeats, *variants], env, cwd=cache.parent)
+            d = _checked(p, "FlyDSL warm cache").doc()
+            warm.wall.append(d["imports"]["wall"] + d["kernels"]["wall"])
+            warm.cpu.append(d["imports"]["cpu"] + d["kernels"]["cpu"])
+            warmp.wall.append(p.wall)
+            warmp.cpu.append(p.cpu)
+            for v in variants:
+                first = figs[f"flydsl_call_first{suffix}/{arch}/{v}"]
+                first.wall.append(d["per_variant"][v]["wall"])
+                first.cpu.append(d["per_variant"][v]["cpu"])
+                again = figs[f"flydsl_call_repeat{suffix}/{arch}/{v}"]
+                for r in d["repeated"][v]:
+                    again.wall.append(r["wall"])
+                    again.cpu.append(r["cpu"])
 
     # mono-aot's warm bind (item 3) ----------------------------------------------------------
 
@@ -446,6 +498,9 @@ class Bench:
             if arch not in self.plan.archs:
                 for k, label in names.items():
                     self.skip(f"{k}/{arch}", label, "bind", "skipped in --quick (one arch)")
+                for v in layout.variants():
+                    why = "skipped in --quick (one arch)"
+                    self.skip(f"mono_launch/{arch}/{v}", _launch_label(v, arch), "calls", why)
                 continue
             figs = {k: self.fig(f"{k}/{arch}", label, "bind") for k, label in names.items()}
             env = dict(self.base_env)
@@ -465,6 +520,14 @@ class Bench:
             self.log(f"bench: mono-aot warm bind, {arch}")
             argv = [python, "-P", str(CHILD), "bind", arch, self.plan.layout]
             argv += [str(self.plan.bind_repeats), "stand-in" if lib else "none"]
+            argv += [str(self.plan.launches)]
+            launch = {
+                v: self.fig(f"mono_launch/{arch}/{v}", _launch_label(v, arch), "calls")
+                for v in layout.variants()
+            }
+            if not lib:
+                for f in launch.values():
+                    f.skipped = "no stand-in HIP library (no C compiler) to launch through"
             for _ in range(self.plan.mid):
                 p = _checked(run_proc(argv, env, cwd=self.tmp), "the mono-aot warm bind")
                 d = p.doc()
@@ -482,6 +545,9 @@ class Bench:
                     figs["mono_bind_repeat"].cpu.append(r["cpu"])
                 figs["mono_bind_process"].wall.append(p.wall)
                 figs["mono_bind_process"].cpu.append(p.cpu)
+                for v, runs in d["launches"].items():
+                    launch[v].wall.extend(r["wall"] for r in runs)
+                    launch[v].cpu.extend(r["cpu"] for r in runs)
 
     # imports (item 5) -----------------------------------------------------------------------
 
@@ -573,6 +639,10 @@ class Bench:
                 skipped[f"pack_wheel/{a}"] = f"mono-aot pack failed: {p.tail()}"
             else:
                 self.sizes["pack_wheels"][a] = wheels[0].stat().st_size
+
+
+def _launch_label(variant: str, arch: str) -> str:
+    return f"mono-aot launcher, one launch through the stand-in HIP, {variant} ({arch})"
 
 
 def _tree_bytes(root: Path) -> int:
@@ -667,6 +737,10 @@ def ratios(figs: dict[str, dict]) -> dict[str, dict]:
             (f"mono_bind_over_repeat/{a}", f"mono_bind/{a}", f"mono_bind_repeat/{a}", "wall",
              f"mono-aot first bind / in-process repeat ({a})"),
         ]  # fmt: skip
+        for v in VARIANTS:
+            defs.append((f"flydsl_call_repeat_over_mono_launch/{a}/{v}",
+                         f"flydsl_call_repeat/{a}/{v}", f"mono_launch/{a}/{v}", "wall",
+                         f"FlyDSL JIT launcher's repeated call / mono-aot's launch, {v} ({a})"))  # fmt: skip
     defs += [
         ("build_j1_over_jN", "build_cold_j1", "build_cold_jN", "wall",
          "cold full-matrix build -j 1 / -j N"),
@@ -750,9 +824,10 @@ def run_bench(
     layout: str,
     jobs: int | None = None,
     store: Path | None = None,
+    flydsl_pythons: Sequence[str] = (),
     log: Callable[[str], None] = lambda s: None,
 ) -> dict[str, Any]:
-    plan = Plan.make(quick, layout, jobs, store)
+    plan = Plan.make(quick, layout, jobs, store, flydsl_pythons)
     started = time.perf_counter()
     mach = machine()
     with tempfile.TemporaryDirectory(prefix="mono-aot-bench-") as tmp:
@@ -779,6 +854,8 @@ def run_bench(
             "mid": plan.mid,
             "heavy": plan.heavy,
             "bind_repeats": plan.bind_repeats,
+            "call_repeats": plan.call_repeats,
+            "launches": plan.launches,
         },  # fmt: skip
         "figures": figs,
         "figure_order": list(b.figures),

@@ -36,8 +36,17 @@ from mono_aot.spec.errors import BadInput
     help="Bind from this store root (kernels missing from it are built into it first, not "
     "timed); default: a temporary store the bench builds.",
 )
+@click.option(
+    "--flydsl-python",
+    "flydsl_pythons",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Also measure FlyDSL's figures with this interpreter, which has another FlyDSL "
+    "version installed (repeatable; e.g. .venv-flydsl-oldest/bin/python from make "
+    "test-flydsl-oldest).",
+)
 @json_option
-def bench(quick, layout_name, jobs, store_dir, as_json) -> None:
+def bench(quick, layout_name, jobs, store_dir, flydsl_pythons, as_json) -> None:
     """Measure serving and build costs on this machine and print one table (or --json).
 
     Nothing needing a GPU is measured: module load on a device and kernel time are printed as
@@ -66,6 +75,7 @@ def bench(quick, layout_name, jobs, store_dir, as_json) -> None:
         layout=layout_name,
         jobs=jobs,
         store=Path(store_dir).resolve() if store_dir else None,
+        flydsl_pythons=[str(Path(p).absolute()) for p in flydsl_pythons],
         log=log,
     )
     if as_json:

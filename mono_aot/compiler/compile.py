@@ -53,8 +53,8 @@ from mono_aot.compiler.protocol import (
     WORKER_PROTOCOL,
     worker_interpreter,
 )
-from mono_aot.compiler.worker import canonical_argv
 from mono_aot.compiler.toolchain import Linker, find_linker, prepare_rocm_dir
+from mono_aot.compiler.worker import canonical_argv
 from mono_aot.keys import Provider
 from mono_aot.spec.errors import MonoError
 from mono_aot.spec.layouts import Layout

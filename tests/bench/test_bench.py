@@ -38,9 +38,32 @@ GLOBAL = (
     "import_flydsl",
     "import_flydsl_compiler",
 )
-FIGURES = {f"{k}/{a}" for k in PER_ARCH for a in ARCHS} | set(GLOBAL)
+# per arch and kernel variant (the shipped layout has both): one call of a warm process
+PER_CALL = ("flydsl_call_first", "flydsl_call_repeat", "mono_launch")
+VARIANTS = ("narrow", "wide")
+FIGURES = (
+    {f"{k}/{a}" for k in PER_ARCH for a in ARCHS}
+    | {f"{k}/{a}/{v}" for k in PER_CALL for a in ARCHS for v in VARIANTS}
+    | set(GLOBAL)
+)
 # what --quick may skip, and nothing else
-QUICK_SKIPS = {f"{k}/gfx950" for k in PER_ARCH} | {"build_cold_j1", "build_cold_jN"}
+QUICK_SKIPS = (
+    {f"{k}/gfx950" for k in PER_ARCH}
+    | {f"{k}/gfx950/{v}" for k in PER_CALL for v in VARIANTS}
+    | {"build_cold_j1", "build_cold_jN"}
+)
+# the figures measured again for each --flydsl-python
+PER_FLYDSL = ("jit_cold", "jit_cold_process", "flydsl_warm", "flydsl_warm_process")
+
+
+def other_flydsl(figures: set[str], version: str) -> set[str]:
+    """The names of the figures of a --flydsl-python whose FlyDSL is ``version``."""
+    out = set()
+    for name in figures:
+        base, _, rest = name.partition("/")
+        if base in PER_FLYDSL or base in PER_CALL[:2]:
+            out.add(f"{base}@{version}/{rest}")
+    return out
 
 
 def _sane_stats(s: dict) -> None:
@@ -49,7 +72,7 @@ def _sane_stats(s: dict) -> None:
     assert all(math.isfinite(v) for v in s.values())
 
 
-def check_document(doc: dict, *, quick: bool) -> None:
+def check_document(doc: dict, *, quick: bool, other_flydsl_versions: tuple[str, ...] = ()) -> None:
     """Every field of the schema is present; measured values are sane; skipped ones are an
     explicit null with a reason."""
     assert doc["schema"] == run.SCHEMA
@@ -57,12 +80,16 @@ def check_document(doc: dict, *, quick: bool) -> None:
     assert doc["machine"]["cores"] >= 1
     assert doc["hip"] in (run.STAND_IN, "none (up to the driver call)")
     figs = doc["figures"]
-    assert set(figs) == FIGURES
-    assert set(doc["figure_order"]) == FIGURES
+    want, skips = set(FIGURES), set(QUICK_SKIPS)
+    for version in other_flydsl_versions:
+        want |= other_flydsl(FIGURES, version)
+        skips |= other_flydsl(QUICK_SKIPS, version)
+    assert set(figs) == want
+    assert set(doc["figure_order"]) == want
     for name, f in figs.items():
         assert f["label"] and f["unit"] == "s"
         if f["skipped"] is not None:
-            assert quick and name in QUICK_SKIPS, f"{name} skipped: {f['skipped']}"
+            assert quick and name in skips, f"{name} skipped: {f['skipped']}"
             assert "--quick" in f["skipped"]
             assert f["wall"] is None and f["cpu"] is None and f["runs"] == 0
             continue
@@ -71,7 +98,7 @@ def check_document(doc: dict, *, quick: bool) -> None:
         if f["cpu"] is not None:
             _sane_stats(f["cpu"])
     if quick:
-        assert {n for n, f in figs.items() if f["skipped"]} == QUICK_SKIPS
+        assert {n for n, f in figs.items() if f["skipped"]} == skips
     for name, r in doc["ratios"].items():
         num, den = figs[r["numerator"]], figs[r["denominator"]]
         if num["skipped"] or den["skipped"]:
@@ -100,9 +127,13 @@ def check_document(doc: dict, *, quick: bool) -> None:
 @pytest.mark.slow
 def test_quick_json_has_every_field_with_sane_values(tmp_path):
     """The quick run, as a user runs it (MONO_AOT_TEST_STORE: a store to bind from, built into
-    first when anything is missing; otherwise the bench builds its own)."""
+    first when anything is missing; otherwise the bench builds its own), with this interpreter
+    given again as a --flydsl-python: its figures come a second time, named by its version."""
+    from importlib.metadata import version
+
     env = dict(os.environ)
     cmd = [sys.executable, "-m", "mono_aot", "bench", "--quick", "--json"]
+    cmd += ["--flydsl-python", sys.executable]
     if os.environ.get("MONO_AOT_TEST_STORE"):
         cmd += ["--store", os.environ["MONO_AOT_TEST_STORE"]]
     env["MONO_AOT_CACHE_DIR"] = str(tmp_path / "user-cache")
@@ -111,7 +142,7 @@ def test_quick_json_has_every_field_with_sane_values(tmp_path):
     )
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
-    check_document(doc, quick=True)
+    check_document(doc, quick=True, other_flydsl_versions=(version("flydsl"),))
     assert not (tmp_path / "user-cache").exists()  # the bench keeps to its own temp dir
     text = report.render(doc)
     assert "skipped in --quick" in text and "not measured" in text
