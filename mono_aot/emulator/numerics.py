@@ -617,7 +617,9 @@ def mfma(
     C = c.view(np.float32).astype(np.float64).reshape(waves, groups, 16, 4)  # [i // 4, j, i % 4]
     C = C.transpose(0, 1, 3, 2).reshape(waves, 16, 16)
     with np.errstate(all="ignore"):
-        D = (A[:, :, :, None] * B[:, None, :, :]).sum(axis=2) + C
+        # one batched product a wave: the sums are exact in float64 (MFMA_MODEL), so their order
+        # inside matmul does not show in the bits (tests/emulator/test_numerics.py)
+        D = np.matmul(A, B) + C
     out = _f32(D.reshape(waves, groups, 4, 16).transpose(0, 1, 3, 2).reshape(-1, 4))
     return out.astype(np.uint32)
 

@@ -434,6 +434,50 @@ def test_mfma_matches_torch_matmul(name: str, arch: str, k: int) -> None:
         np.testing.assert_array_equal(D, exact)  # the documented model: one rounding
 
 
+def _products_summed(name: str, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """D of a gang's MFMAs computed as every product of every output, summed along k in float64
+    plus C, rounded once (the executor's formulation before it became a batched matmul)."""
+    k = N.MFMA_SHAPES[name].k
+    waves, kpl = a.shape[0] // LANES, k // 4
+
+    def elems(w: np.ndarray) -> np.ndarray:  # [wave, lane group, row, element] as float64
+        lo = (w << 16).astype(np.uint32).view(np.float32)
+        hi = (w & 0xFFFF0000).astype(np.uint32).view(np.float32)
+        return np.stack([lo, hi], -1).reshape(waves, 4, 16, kpl).astype(np.float64)
+
+    A = elems(a).transpose(0, 2, 1, 3).reshape(waves, 16, k)
+    B = elems(b).transpose(0, 1, 3, 2).reshape(waves, k, 16)
+    C = c.view(np.float32).astype(np.float64).reshape(waves, 4, 16, 4).transpose(0, 1, 3, 2)
+    with np.errstate(all="ignore"):
+        D = (A[:, :, :, None] * B[:, None, :, :]).sum(axis=2) + C.reshape(waves, 16, 16)
+    D32 = D.astype(np.float32)  # one rounding, nearest even
+    return D32.reshape(waves, 4, 4, 16).transpose(0, 1, 3, 2).reshape(-1, 4).view(np.uint32)
+
+
+@pytest.mark.parametrize(("name", "arch", "k"), CASES)
+@pytest.mark.parametrize("spread", [0, 20, 40])
+def test_mfma_of_a_gang_equals_every_product_summed_bit_for_bit(name, arch, k, spread) -> None:
+    """A gang's MFMAs as batched matmuls give the bits of summing each output's products in
+    float64, on 300 waves of bf16 operands whose exponents spread over 2**-spread..2**spread,
+    with infinities, NaNs and zeros among them (``numerics.mfma``)."""
+    rng = np.random.default_rng(spread)
+    lanes, dwords = 300 * LANES, N.MFMA_SHAPES[name].ab_dwords
+
+    def operand() -> np.ndarray:
+        x = rng.standard_normal((lanes, 2 * dwords)) * np.exp2(
+            rng.integers(-spread, spread + 1, (lanes, 2 * dwords))
+        )
+        x = x.astype(np.float32)
+        specials = rng.integers(0, lanes, 40)
+        x[specials, 0] = rng.choice([np.inf, -np.inf, np.nan, 0.0, -0.0], 40)
+        hi = x.view(np.uint32) & 0xFFFF0000
+        return (hi[:, 1::2] | (hi[:, 0::2] >> 16)).astype(np.uint32)
+
+    a, b = operand(), operand()
+    c = rng.standard_normal((lanes, 4)).astype(np.float32).view(np.uint32)
+    np.testing.assert_array_equal(N.mfma(name, arch, a, b, c), _products_summed(name, a, b, c))
+
+
 @pytest.mark.parametrize(("name", "arch", "k"), CASES)
 def test_mfma_transposed_layout_fails(name: str, arch: str, k: int) -> None:
     """Feeding A where B belongs (A laid out as if it were B^T's layout swapped) and reading D
