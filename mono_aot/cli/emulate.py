@@ -6,8 +6,9 @@ runner. A pass says the instructions compute what the float64 reference does und
 emulator's model (README, "Emulator"), not that the hardware does.
 
 Exit codes: 0 every check passed; 1 a check failed (or the emulator stopped a launch on a fault
-it detected); 2 bad input (an unknown layout, an arch the layout does not target, a layout too
-large to emulate, the ``emulate`` extra missing).
+it detected); 2 bad input (an unknown layout, an arch the layout does not target, the
+``emulate`` extra missing). Any layout runs: a large one's expected time and memory are printed
+first, and on a terminal a progress line every few million wave-instructions.
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ def emulate(
         log=log,
         replace=replace,
         requests=requests,
+        progress=not as_json and sys.stderr.isatty(),
     )
     ok = all(r.ok for r in results)
     if as_json:

@@ -185,6 +185,10 @@ class Machine:
         self.memory = memory if memory is not None else Memory()
         self.shuffle = shuffle
         self.gangs = gangs  # run waves at one instruction together (gang.py)
+        # called as progress(wave-instructions, seconds) every progress_every wave-instructions
+        # of a run (a long emulation's terminal line); it must not touch the machine
+        self.progress: Callable[[int, float], None] | None = None
+        self.progress_every = 5_000_000
         self.rng = np.random.default_rng(seed)
         self.queues: list[list[Launch]] = [[] for _ in range(devices)]
         self.device_time = [0] * devices  # cycles: when each device's last launch ended
@@ -311,6 +315,8 @@ class Machine:
         for d in range(self.devices):
             start_next(d, start)
         limit = max_instructions
+        report, every = self.progress, self.progress_every
+        next_report = every
         try:
             while heap:
                 _, _, sq, w = heapq.heappop(heap)
@@ -336,6 +342,9 @@ class Machine:
                         self._arrive(m, push)
                     elif blk == "end":
                         self._end(m, ln, push, start_next)
+                if report is not None and executed >= next_report:
+                    next_report = executed + every
+                    report(executed, _time.perf_counter() - t0)
                 if limit is not None and executed >= limit and heap:
                     live = [e for e in heap if e[2] == e[3].seq]
                     raise EmulatorError(

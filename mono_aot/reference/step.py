@@ -87,7 +87,7 @@ from __future__ import annotations
 import math
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -592,6 +592,9 @@ def near_boundary(prequant: torch.Tensor, fmt: FP8Format | str) -> torch.Tensor:
     return (gap < KV_BOUNDARY_TOL * x.abs()) | (gap < KV_ENTRY_BOUNDARY_TOL * rms)
 
 
+KV_FINDINGS_PER_LAYER = 8  # bad bytes described per layer (the rest are counted)
+
+
 def compare_caches(
     layout: Layout,
     fmt: FP8Format | str,
@@ -599,12 +602,15 @@ def compare_caches(
     want: Sequence[torch.Tensor],
     slots: torch.Tensor,
     prequant: Sequence[torch.Tensor],
+    findings: list[dict[str, Any]] | None = None,
 ) -> tuple[int, int]:
     """Every cache byte of every layer equals the reference's, except written codes: in layer
     0 those whose pre-encode value lies as near an fp8 rounding boundary as ``near_boundary``
     allows, in later layers all of a layer's written codes when their values are within
     ``KV_LATER_LAYER_TOL`` of the reference's as a whole. Returns ``(bad bytes, tolerated
-    differences)``."""
+    differences)``; ``findings``, when given, receives one record per layer with a bad byte:
+    the counts, the layer's K/V error and the first ``KV_FINDINGS_PER_LAYER`` bad bytes (block,
+    position, head, byte, half, codes, pre-encode value and its distance to a boundary)."""
     f = resolve_format(fmt)
     B = layout.serving.kv_block
     bad = tolerated = 0
@@ -617,21 +623,70 @@ def compare_caches(
         rows = torch.zeros(diff.shape[:-1], dtype=torch.bool)  # [blocks, K, B]
         rows[ws // B, :, ws % B] = True
         in_rows = diff & rows[..., None]
-        bad += int((diff & ~rows[..., None]).sum())
+        outside = diff & ~rows[..., None]
+        layer_bad = int(outside.sum())
+        record: dict[str, Any] = {"layer": li, "unwritten_bytes_changed": layer_bad}
         if li == 0:
             near = near_boundary(prequant[li][written], f)
             allowed = torch.zeros_like(diff)
             allowed[ws // B, :, ws % B, :] = near
-            bad += int((in_rows & ~allowed).sum())
+            wrong = in_rows & ~allowed
+            layer_bad += int(wrong.sum())
             tolerated += int((in_rows & allowed).sum())
         else:
             gv = decode(g[rows], f, torch.float64)
             wv = decode(w[rows], f, torch.float64)
-            if norm_rel_error(gv, wv) <= KV_LATER_LAYER_TOL:
+            record["written_norm_rel_error"] = norm_rel_error(gv, wv)
+            if record["written_norm_rel_error"] <= KV_LATER_LAYER_TOL:
                 tolerated += int(in_rows.sum())
+                wrong = torch.zeros_like(diff)
             else:
-                bad += int(in_rows.sum())
+                layer_bad += int(in_rows.sum())
+                wrong = in_rows
+        bad += layer_bad
+        if findings is not None and layer_bad:
+            record["bad_bytes"] = layer_bad
+            record["first"] = _bad_bytes(
+                g, w, wrong | outside, slots, prequant[li], f, B, KV_FINDINGS_PER_LAYER
+            )
+            findings.append(record)
     return bad, tolerated
+
+
+def _bad_bytes(
+    got: torch.Tensor,
+    want: torch.Tensor,
+    bad: torch.Tensor,
+    slots: torch.Tensor,
+    prequant: torch.Tensor,
+    fmt: FP8Format,
+    block: int,
+    limit: int,
+) -> list[dict[str, Any]]:
+    """The first ``limit`` bad bytes of one layer's cache ``[blocks, kv_heads, block, 2D]``,
+    with the step's token (its row), pre-encode value and distance to a rounding boundary
+    where the byte is one the step wrote (``slots``: the step's, -1 for none)."""
+    D = got.shape[-1] // 2
+    token_of = {int(s): i for i, s in enumerate(slots.tolist()) if s >= 0}
+    gaps = boundary_gap(prequant, fmt)
+    out = []
+    for blk, head, pos, byte in bad.nonzero()[:limit].tolist():
+        rec: dict[str, Any] = {
+            "block": blk,
+            "kv_head": head,
+            "position_in_block": pos,
+            "byte": byte % D,
+            "half": "K" if byte < D else "V",
+            "got": int(got[blk, head, pos, byte]),
+            "want": int(want[blk, head, pos, byte]),
+        }
+        t = token_of.get(blk * block + pos)
+        if t is not None:
+            rec["token"] = t
+            rec["prequant"] = float(prequant[t, head, byte])
+            rec["boundary_gap"] = float(gaps[t, head, byte])
+        out.append(rec)
+    return out
 
 
 __all__ = [

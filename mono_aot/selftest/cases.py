@@ -150,6 +150,7 @@ def judge(
     slots = prob.inputs.slots[:n]
     errs: list[float] = []
     bad = tol = 0
+    findings: list[dict[str, Any]] = []
     health: list[list[int]] = []
     health_ok: list[bool] = []
     kept: list[bool] = []
@@ -158,9 +159,11 @@ def judge(
         if ranks is not None and r not in ranks:
             continue
         errs.append(norm_rel_error(a["out"], ref.ref64.out))
+        found: list[dict[str, Any]] = []
         b, t = compare_caches(
-            layout, arch, a["caches"], ref.caches[r], slots, ref.refk.ranks[r].kv_prequant
+            layout, arch, a["caches"], ref.caches[r], slots, ref.refk.ranks[r].kv_prequant, found
         )
+        findings += [{"rank": r, **x} for x in found]
         bad += b + int(a.get("outside_bad", 0))
         tol += t
         h = [int(w) for w in a["health"]]
@@ -180,6 +183,7 @@ def judge(
         "max_rel_error": max(errs),
         "kv_bad_bytes": bad,
         "kv_near_boundary": tol,
+        **({"kv_findings": findings} if findings else {}),
         "health": [
             abi.describe_health(h) + (" (kept from an earlier launch)" if k else "")
             for h, k in zip(health, kept, strict=True)

@@ -382,6 +382,11 @@ def _shapes(layout: Layout) -> dict[str, tuple[int, int, bool]]:
     }
 
 
+def rank_weight_bytes(layout: Layout) -> int:
+    """Bytes of one rank's fp8 projection weights, every layer (what a launch streams)."""
+    return layout.model.layers * sum(r * c for r, c, _ in _shapes(layout).values())
+
+
 def _plan_kwargs(
     layout: Layout, arch: str, variant: Variant, gemm: str, lds_budget: int
 ) -> dict[str, int]:

@@ -356,3 +356,23 @@ def test_a_faulted_run_leaves_nothing_queued():
         m.run(max_instructions=1000)
     st = m.run(max_instructions=1000)  # resuming the spinning launches would hit the limit
     assert st.instructions == 0 and st.launches == []
+
+
+def test_progress_is_reported_every_so_many_wave_instructions():
+    """A long run reports (wave-instructions so far, seconds) through ``Machine.progress`` every
+    ``progress_every`` wave-instructions or so (at the first step that reaches it), in order,
+    and never past the run's total."""
+    a = prologue(Asm())
+    a.sop1("s_mov_b32", 19, LIT, lit=400)
+    a.label("loop").sop2("s_sub_i32", 19, s(19), i(1))
+    a.sopc("s_cmp_lg_u32", s(19), i(0)).branch("s_cbranch_scc1", "loop")
+    a.endpgm()
+    m = machine()
+    seen: list[tuple[int, float]] = []
+    m.progress, m.progress_every = (lambda n, t: seen.append((n, t))), 50
+    _, stats = run(a, grid=4, block=128, m=m)
+    assert len(seen) >= 5, (seen, stats.instructions)  # a gang's step may run past a mark
+    counts = [n for n, _ in seen]
+    assert counts == sorted(counts) and counts[-1] <= stats.instructions
+    assert all(b - a >= 50 for a, b in zip(counts, counts[1:])) and counts[0] >= 50
+    assert all(t >= 0 for _, t in seen)

@@ -165,7 +165,15 @@ def test_compare_caches_tolerates_only_near_boundary_written_codes():
     assert compare_caches(LAY, fmt, [got], [want], slots, pre) == (0, 1)
     got[0, 0, 5, 0] ^= 1  # a written code far from any boundary
     got[3, 0, 0, 0] = 0  # a byte nobody may write
-    assert compare_caches(LAY, fmt, [got], [want], slots, pre) == (2, 1)
+    found: list = []
+    assert compare_caches(LAY, fmt, [got], [want], slots, pre, found) == (2, 1)
+    (layer,) = found  # what the verdict tells about them: where, which codes, which value
+    assert layer["layer"] == 0 and layer["bad_bytes"] == 2 and layer["unwritten_bytes_changed"] == 1
+    written, unwritten = layer["first"]
+    assert written == {"block": 0, "kv_head": 0, "position_in_block": 5, "byte": 0, "half": "K",
+                       "got": int(want[0, 0, 5, 0]) ^ 1, "want": int(want[0, 0, 5, 0]),
+                       "token": 0, "prequant": 1.0, "boundary_gap": 2.0**-5}  # fmt: skip
+    assert unwritten["block"] == 3 and unwritten["got"] == 0 and "token" not in unwritten
 
 
 def test_compare_caches_measures_a_near_zero_value_against_its_entry():
