@@ -5,6 +5,8 @@ and run with the test-only lane operations of ``tests/emulator/lane_ops``."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -374,5 +376,5 @@ def test_progress_is_reported_every_so_many_wave_instructions():
     assert len(seen) >= 5, (seen, stats.instructions)  # a gang's step may run past a mark
     counts = [n for n, _ in seen]
     assert counts == sorted(counts) and counts[-1] <= stats.instructions
-    assert all(b - a >= 50 for a, b in zip(counts, counts[1:])) and counts[0] >= 50
+    assert all(b - a >= 50 for a, b in itertools.pairwise(counts)) and counts[0] >= 50
     assert all(t >= 0 for _, t in seen)

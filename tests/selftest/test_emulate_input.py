@@ -51,7 +51,9 @@ def test_the_expected_cost_of_a_launch_follows_the_layout():
     from mono_aot.selftest.emulated import launch_costs
     from mono_aot.spec.layouts import resolve_layout
 
-    shipped = {c.variant: c for c in launch_costs(resolve_layout("minimax-m3-dspark-tp4"), "gfx942")}
+    shipped = {
+        c.variant: c for c in launch_costs(resolve_layout("minimax-m3-dspark-tp4"), "gfx942")
+    }
     tiny = {c.variant: c for c in launch_costs(resolve_layout("emulator-tiny-tp4"), "gfx942")}
     assert shipped["narrow"].waves == 304 * 8
     assert 430e6 < shipped["narrow"].instructions < 450e6
