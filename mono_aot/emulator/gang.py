@@ -18,8 +18,11 @@ once for every member (LDS once per workgroup's members) and put one access in f
 member, which its own waits retire (``Compiled.gang_steps`` holds these gang forms). None of
 them writes anything another wave can see, so running it for a member before its turn in the
 schedule changes no value another wave reads (a load may read memory up to a quantum earlier
-than the member alone would, as the quantum already allows). Everything else runs member by
-member (``Machine._step_gang``), and the gang breaks up where their paths part.
+than the member alone would, as the quantum already allows). A scalar instruction (the scalar
+ALU, a branch: ``Compiled.scalar``) whose SGPRs and SCC agree in every member runs once, on the
+first, and the others take its result: it is a pure function of those, so each member alone
+would have computed the same. Everything else runs member by member (``Machine._step_gang``),
+and the gang breaks up where their paths part.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from mono_aot.emulator.wave import LANES, Wave, mask_of
+from mono_aot.emulator.wave import EXEC_HI, EXEC_LO, LANES, Wave, mask_of
 
 
 class Gang:
@@ -69,6 +72,27 @@ class Gang:
         first = self.waves[0].s
         want = [first[r] for r in regs]
         return all([w.s[r] for r in regs] == want for w in self.waves[1:])
+
+    def scalar_agrees(self, regs: Sequence[int]) -> bool:
+        """Whether every member holds the same SCC and the same values in ``regs``."""
+        first = self.waves[0]
+        want = [first.s[r] for r in regs]
+        return all(w.scc == first.scc and [w.s[r] for r in regs] == want for w in self.waves[1:])
+
+    def copy_scalar(self, regs: Sequence[int]) -> None:
+        """Give every member the first member's SCC and ``regs`` (EXEC refreshed if among
+        them): the result of a scalar instruction the first ran for all (``scalar_agrees``)."""
+        first = self.waves[0]
+        vals = [first.s[r] for r in regs]
+        execs = EXEC_LO in regs or EXEC_HI in regs
+        for w in self.waves[1:]:
+            w.scc = first.scc
+            for r, x in zip(regs, vals, strict=True):
+                w.s[r] = x
+            if execs:
+                w.sync_exec()
+        if execs:
+            self.sync_exec()
 
     def clear_of_loads(self, touch_v: frozenset[int], touch_s: frozenset[int]) -> bool:
         """Whether no member has a load in flight to a register the instruction touches (if

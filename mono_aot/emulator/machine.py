@@ -457,6 +457,7 @@ class Machine:
         members' next instructions differ or one yields. The number each executed."""
         prog = ln.kernel.program
         steps, blocks, gangs, gang_steps = prog.steps, prog.blocks, prog.gang, prog.gang_steps
+        scalar = prog.scalar
         touch_v, touch_s = prog.touch_v, prog.touch_s
         k = members[0].wg.id * len(members[0].wg.waves) + members[0].index
         g = Gang(members, ln.regs[:, k * LANES : (k + len(members)) * LANES])
@@ -497,6 +498,19 @@ class Machine:
                     except Fault:  # raised before any effect: the members alone name the wave
                         for w in members:
                             w.time -= CYCLES_PER_INSTRUCTION
+                sc = scalar[cur]
+                if (
+                    sc is not None
+                    and g.clear_of_loads(touch_v[cur], touch_s[cur])
+                    and g.scalar_agrees(sc)
+                ):
+                    for w in members:
+                        w.time += CYCLES_PER_INSTRUCTION
+                    w = members[0]
+                    pc = steps[cur](w)  # never yields: a scalar ALU op, a branch, a no-op
+                    g.copy_scalar(sc)
+                    n += 1
+                    continue
                 nexts = []
                 for w in order:
                     nexts.append(self._alone(w, prog, cur))

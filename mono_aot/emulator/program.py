@@ -105,11 +105,29 @@ class Compiled:
         # (None: ``steps``): loads, whose accesses in flight are each member's, and VALU
         # instructions that write a lane mask (compares, carry-outs) to each member's SGPRs
         self.gang_steps: list[Step | None] = []
+        # per instruction: None, or the scalar registers it reads and writes when it is a pure
+        # function of them and SCC (the scalar ALU, branches, s_nop): a gang runs it once on
+        # its first member when every member holds the same values there and in SCC, and
+        # gives the others the result (``gang.Gang.scalar_agrees``, ``Gang.copy_scalar``)
+        self.scalar: list[tuple[int, ...] | None] = []
         self.blocks: list = []  # fuse.Block | None per instruction
         self.touch_v: list[frozenset[int]] = []
         self.touch_s: list[frozenset[int]] = []
         self.missing: dict[str, int] = {}  # lane operation not available -> uses
         self.counts: dict[str, int] = {}
+
+
+# SOPP instructions that only choose the next instruction from SGPRs, SCC and EXEC (or nothing)
+_SCALAR_SOPP = frozenset({"s_nop", "s_setprio", "s_icache_inv", "s_wakeup", "s_branch"})
+
+
+def _scalar_only(inst: Instruction) -> bool:
+    """Whether ``inst`` reads and writes nothing but SGPRs (its listed ones, EXEC among them),
+    SCC and the PC: every scalar ALU opcode the executor has (``scalar.py``; it has none that
+    reads hardware registers or indexes SGPRs by M0), branches and the no-ops."""
+    if inst.fmt in ("SOP1", "SOP2", "SOPC", "SOPK"):
+        return True
+    return inst.fmt == "SOPP" and (inst.base in _SCALAR_SOPP or inst.base.startswith("s_cbranch"))
 
 
 # ------------------------------------------------------------------------------ constants
@@ -318,6 +336,7 @@ class Compiler:
             o.plain.append(self.meta)
             o.gang.append(self.gang_s)
             o.gang_steps.append(self.gang_step)
+            o.scalar.append(tuple(sorted(set(rs + ws))) if _scalar_only(inst) else None)
             o.reads_v.append(rv)
             o.writes_v.append(wv)
             o.reads_s.append(rs)
@@ -329,6 +348,7 @@ class Compiler:
         o.plain.append(None)
         o.gang.append(None)
         o.gang_steps.append(None)
+        o.scalar.append(None)
         o.touch_v = [frozenset(r + w) for r, w in zip(o.reads_v, o.writes_v, strict=True)]
         o.touch_s = [frozenset(r + w) for r, w in zip(o.reads_s, o.writes_s, strict=True)]
         o.blocks = fuse_blocks(o)

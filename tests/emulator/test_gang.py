@@ -193,3 +193,104 @@ def test_every_gang_able_instruction_of_the_kernels_runs_the_same_on_a_gang(
             assert _same_on_a_gang(k, pc, alone, ganged, regs, svals, full), k.texts[pc]
     # EXEC and the lane-mask sources are each member's own: never a reason to step alone
     assert not any(VCC_LO in u or EXEC_LO in u for _, u, *_ in cases)
+
+
+# ------------------------------------------------------------------------------ scalar
+def scalar_program() -> Asm:
+    """Scalar ALU work, SCC and branches that agree in every wave (a counted loop, a select,
+    a carry chain, saveexec) beside work that differs between workgroups (the workgroup id in
+    s2), each result stored by every thread."""
+    a = prologue(Asm())
+    a.sop1("s_mov_b32", 10, i(0)).sop1("s_mov_b32", 11, i(7))
+    a.label("loop").sop2("s_add_u32", 10, s(10), LIT, lit=0x9E3779B9)
+    a.sop2("s_addc_u32", 12, s(12), i(0))  # SCC from the add: the same in every wave
+    a.sop2("s_sub_i32", 11, s(11), i(1)).sopc("s_cmp_lg_u32", s(11), i(0))
+    a.branch("s_cbranch_scc1", "loop")
+    a.sop2("s_mul_i32", 13, s(2), LIT, lit=1000003)  # differs between workgroups
+    a.sopc("s_cmp_eq_u32", s(2), i(1)).sop2("s_cselect_b32", 14, s(13), s(10))
+    a.sopk("s_movk_i32", 15, 77).sopk("s_addk_i32", 15, 5)
+    a.vopc("v_cmp_gt_u32", i(40), v(0))
+    a.sop1("s_and_saveexec_b64", 16, VCC).sop1("s_bcnt1_i32_b64", 18, EXEC)
+    a.sop1("s_mov_b64", EXEC, s(16))
+    a.vop1("v_mov_b32", 18, s(2)).vop2("v_lshlrev_b32", 18, i(10), v(18))  # 4 * THREADS * wg
+    a.vop2("v_add_u32", 1, v(1), v(18))  # each thread its own word of a row
+    for r in (10, 11, 12, 13, 14, 15, 16, 18):
+        a.vop1("v_mov_b32", 2, s(r))
+        a.glob("global_store_dword", addr=1, data=2, saddr=4)
+        a.sop2("s_add_u32", 4, 4, LIT, lit=4 * THREADS * GRID).sop2("s_addc_u32", 5, 5, i(0))
+    return a.endpgm()
+
+
+def _run_scalar(gangs: bool, monkeypatch: pytest.MonkeyPatch):
+    once = [0]
+    real = Gang.copy_scalar
+
+    def counted(self, regs):
+        once[0] += 1
+        return real(self, regs)
+
+    monkeypatch.setattr(Gang, "copy_scalar", counted)
+    m = Machine("gfx942", 1, gangs=gangs)
+    out = buffer(m, OUT, 4 * THREADS * GRID * 8)
+    k = m.load(kernel_object(scalar_program()))
+    m.launch(0, k, GRID, THREADS, kernargs(OUT))
+    return out, m.run(), once[0]
+
+
+def test_a_gang_runs_scalar_work_once_when_its_members_agree(monkeypatch):
+    """The scalar ALU and branches run once for a gang whose members agree in the registers
+    and SCC they touch (``Compiled.scalar``): the same memory, instruction counts and clocks
+    as every wave alone; where the members disagree (the workgroup id) each runs its own."""
+    got, st, once = _run_scalar(True, monkeypatch)
+    want, st0, none = _run_scalar(False, monkeypatch)
+    assert none == 0 and once > 20  # the loop's scalar work ran once a gang
+    assert got.tobytes() == want.tobytes()
+    assert (st.instructions, st.virtual_seconds) == (st0.instructions, st0.virtual_seconds)
+    rows = got.view(np.uint32).reshape(8, GRID, THREADS)
+    assert len(np.unique(rows[3])) == GRID  # s2 * 1000003: each workgroup its own
+    assert rows[6].min() == rows[6].max() != 0  # saveexec's old EXEC: all lanes, in every wave
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+@pytest.mark.parametrize("variant", ["narrow", "wide"])
+def test_every_scalar_instruction_of_the_kernels_runs_the_same_once_for_a_gang(
+    tmp_path_factory: pytest.TempPathFactory, arch: str, variant: str
+):
+    """Each instruction ``Compiled.scalar`` lets a gang run once (the scalar ALU, branches,
+    no-ops), on random SGPRs and SCC that agree in the three members where it reads or writes
+    and differ elsewhere: run on the first and given to the others, against each wave alone;
+    every SGPR, SCC, EXEC and the next instruction the same."""
+    hit = stored_kernels(tmp_path_factory, LAYOUT, arch, (variant,))[1][variant]
+    m = Machine(arch, 1)
+    k = m.load(hit.data, hit.entry.symbol)
+    prog = k.program
+    rng = np.random.default_rng(11)
+    cases = [(pc, regs) for pc, regs in enumerate(prog.scalar) if regs is not None]
+    assert len(cases) > 200, "the kernel has few scalar instructions: is Compiled.scalar set?"
+    assert any(k.texts[pc].startswith("s_cbranch") for pc, _ in cases)
+    for pc, regs in cases:
+        vregs = np.zeros((k.vregs, G * LANES), dtype=np.uint32)
+        _, svals, _ = _state(rng, k, regs)
+        scc = int(rng.integers(0, 2))
+        execs = [svals[0][EXEC_LO] | svals[0][EXEC_LO + 1] << 32] * G
+        if EXEC_LO not in regs:
+            execs = [int(rng.integers(0, 1 << 63)) for _ in range(G)]
+        singles = _waves(k, vregs.copy(), svals, execs)
+        nexts = []
+        for w in singles:
+            w.scc = scc
+            nexts.append(prog.steps[pc](w))
+        waves = _waves(k, vregs, svals, execs)
+        for w in waves:
+            w.scc = scc
+        g = Gang(waves, vregs)
+        assert g.scalar_agrees(regs), k.texts[pc]
+        nxt = prog.steps[pc](waves[0])
+        g.copy_scalar(regs)
+        assert nexts == [nxt] * G, k.texts[pc]
+        assert [w.s for w in waves] == [w.s for w in singles], k.texts[pc]
+        assert [w.scc for w in waves] == [w.scc for w in singles], k.texts[pc]
+        assert all(
+            np.array_equal(w.exec_mask, x.exec_mask) for w, x in zip(waves, singles, strict=True)
+        ), k.texts[pc]
