@@ -114,6 +114,9 @@ def emulate(
                 "instructions": totals.instructions,
                 "instructions_per_second": round(totals.per_second),
                 "virtual_seconds": totals.virtual_seconds,
+                "launches": totals.runs,  # a step's launch on every rank, run side by side
+                "longest_launch_seconds": round(totals.longest_run_s, 1),
+                "peak_memory_bytes": totals.peak_memory_bytes(),
             }
         )
     else:
@@ -121,7 +124,10 @@ def emulate(
             click.echo(f"{'PASS' if r.ok else 'FAIL'} {r.name}: {r.detail} ({r.seconds:.0f} s)")
         click.echo(
             f"emulate {'passed' if ok else 'FAILED'} ({layout.name}, {arch}): "
-            f"{totals.instructions:,} wave-instructions, {totals.per_second:,.0f}/s"
+            f"{totals.instructions:,} wave-instructions, {totals.per_second:,.0f}/s; "
+            f"{totals.runs} launches (every rank's side by side), the longest "
+            f"{totals.longest_run_s / 60:.1f} min; peak memory "
+            f"{totals.peak_memory_bytes() / 1e9:.1f} GB"
         )
     if not ok:
         sys.exit(EXIT_FAILED)  # as coverage, doctor and cache do (run_main ignores ctx.exit)

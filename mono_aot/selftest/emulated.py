@@ -62,16 +62,28 @@ class EmulationFailed(MonoError):
 
 @dataclass
 class Totals:
-    """What the emulator did: wave-instructions executed, host and virtual seconds."""
+    """What the emulator did: wave-instructions executed, host and virtual seconds, and its
+    runs (one a step's launch: each rank's launch runs side by side with its peers')."""
 
     instructions: int = 0
     seconds: float = 0.0
     virtual_seconds: float = 0.0
+    runs: int = 0
+    longest_run_s: float = 0.0
 
     def add(self, stats: Any) -> None:
         self.instructions += int(stats.instructions)
         self.seconds += float(stats.seconds)
         self.virtual_seconds += float(stats.virtual_seconds)
+        self.runs += 1
+        self.longest_run_s = max(self.longest_run_s, float(stats.seconds))
+
+    @staticmethod
+    def peak_memory_bytes() -> int:
+        """This process's peak resident memory (Linux reports kilobytes)."""
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
     @property
     def per_second(self) -> float:

@@ -133,6 +133,9 @@ def test_the_narrow_step_passes_against_the_reference(emulations, emulation):
     assert case["max_rel_error"] <= TOLERANCE and case["kv_bad_bytes"] == 0
     assert case["health"] == ["ok"] * 4
     assert r.doc["instructions"] > 1_000_000  # the whole step ran, on every rank
+    # one launch a rank, run side by side: its time and the process's peak memory reported
+    assert r.doc["launches"] == 1 and r.doc["longest_launch_seconds"] > 0
+    assert 1e8 < r.doc["peak_memory_bytes"] < 2e10
 
 
 @pytest.mark.parametrize("emulation", ["multi-launch-gfx950"])
