@@ -17,4 +17,6 @@ def worker_interpreter() -> str:
     Started as ``python``, ``python3.11``, an absolute path or the console script, a build
     compiles in the same file under the same name (``mono_aot.compiler.worker``).
     """
-    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    base = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    # a relocated install may name a base that is not there: then this interpreter's own file
+    return base if os.access(base, os.X_OK) else os.path.realpath(sys.executable)
