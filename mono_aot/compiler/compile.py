@@ -35,6 +35,7 @@ code object (from the in-memory artifact) and the ISA text.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -105,8 +106,12 @@ def options_identity(arch: str) -> dict[str, Any]:
         "env": compile_options(arch),
         "worker_protocol": WORKER_PROTOCOL,
         "worker_argv": canonical_argv(REQUEST_FILE),
-        # the compiling interpreter: its path is in every module name of the standard library
-        "interpreter": {"path": worker_interpreter(), "version": sys.version},
+        # the compiling interpreter: its path is in every module name of the standard library,
+        # so it moves bytes; recorded as a digest (entries carry no paths of the build host)
+        "interpreter": {
+            "version": sys.version,
+            "path_sha256": hashlib.sha256(worker_interpreter().encode()).hexdigest(),
+        },
         "address_space": "fixed",  # the worker runs with ADDR_NO_RANDOMIZE (Linux)
         "device_libs": "none",  # ROCM_PATH holds only the linker: no ocml/ockl bitcode
     }

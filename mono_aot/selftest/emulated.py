@@ -579,8 +579,6 @@ def run_emulation(
     if unknown:
         raise BadInput(f"unknown check(s) {', '.join(unknown)}; choose from {', '.join(CHECKS)}")
     check_emulable(layout, arch)
-    for cost in launch_costs(layout, arch):
-        log(f"expected on {arch}, {cost.describe()}")
     served = {n for v in layout.variants() for n in request_counts(layout, v)}
     several = [n for n in requests if layout.serving.chunk_reqs < n <= layout.serving.max_reqs]
     unserved = [n for n in requests if n not in served and n not in several]
@@ -597,6 +595,8 @@ def run_emulation(
         [layout.serving.chunk_reqs]
         + ((several or multi_launch_counts(layout)) if "multi-launch" in wanted else [])
     )
+    for cost in launch_costs(layout, arch):  # every input is valid: say what it will cost
+        log(f"expected on {arch}, {cost.describe()}")
     results: list[CheckResult] = []
     with EmulatedSession(
         layout,
