@@ -83,7 +83,7 @@ def render(doc: dict[str, Any]) -> str:
             lines.append(title)
             lines += ["  " + ln for ln in _table(rows)]
             lines.append("")
-    lines.append("6. Sizes")
+    lines.append("7. Sizes")
     s = doc["sizes"]
     skipped = s.get("skipped", {})
     rows = [["what", "size"]]

@@ -105,3 +105,23 @@ def demo_store_copy(demo_store, tmp_path) -> Path:
     root = tmp_path / "store"
     shutil.copytree(demo_store[0], root)
     return root
+
+
+TINY = Path(__file__).resolve().parents[2] / "layouts" / "test" / "emulator-tiny-tp4.toml"
+
+
+def build_tiny_as_a_user(
+    mono_aot: list[str], store: Path, *args: str, cwd: Path | None = None
+) -> dict:
+    """``mono-aot build --layout TINY --store STORE --json ARGS`` started by the argv prefix
+    ``mono_aot`` (an interpreter with ``-m mono_aot``, or the console script), with the venv's
+    own install (no PYTHONPATH) and the user cache kept out of the way; its JSON document."""
+    env = dict(os.environ, MONO_AOT_CACHE_DIR=str(store.parent / "unused-user-cache"))
+    env.pop("PYTHONPATH", None)
+    argv = [*mono_aot, "build", "--layout", str(TINY), "--store", str(store), "--json", *args]
+    p = subprocess.run(
+        argv, capture_output=True, text=True, cwd=cwd, env=env, timeout=3600,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert p.returncode == 0, f"{mono_aot}: exit {p.returncode}\n{p.stderr[-3000:]}"
+    return json.loads(p.stdout)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tomllib
 from importlib.metadata import version
@@ -21,8 +20,9 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from .conftest import build_tiny_as_a_user
+
 ROOT = Path(__file__).resolve().parents[2]
-LAYOUT = ROOT / "layouts" / "test" / "emulator-tiny-tp4.toml"
 
 
 def flydsl_range() -> SpecifierSet:
@@ -44,22 +44,6 @@ def test_the_range_is_closed_and_holds_the_installed_flydsl():
     assert Version(version("flydsl")) in spec  # pip enforces it; a stray install does not
 
 
-def _build(python: str, store: Path, *extra: str) -> dict:
-    env = dict(os.environ, MONO_AOT_CACHE_DIR=str(store.parent / "user-cache"))
-    env.pop("PYTHONPATH", None)
-    args = ["-m", "mono_aot", "build", "--layout", str(LAYOUT), "--store", str(store), "--json"]
-    p = subprocess.run(
-        [python, *args, *extra],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=3600,
-        stdin=subprocess.DEVNULL,
-    )
-    assert p.returncode == 0, f"{python}: exit {p.returncode}\n{p.stderr[-3000:]}"
-    return json.loads(p.stdout)
-
-
 @pytest.mark.slow
 def test_the_oldest_flydsl_builds_the_tiny_layout(tmp_path):
     python = os.environ.get("MONO_AOT_TEST_FLYDSL_PYTHON")
@@ -67,7 +51,7 @@ def test_the_oldest_flydsl_builds_the_tiny_layout(tmp_path):
         pytest.skip("MONO_AOT_TEST_FLYDSL_PYTHON is not set (make test-flydsl-oldest sets it)")
     oldest = bound(flydsl_range(), ">=")
     store = tmp_path / "store"
-    doc = _build(python, store, "-j", "2")
+    doc = build_tiny_as_a_user([python, "-m", "mono_aot"], store, "-j", "2")
     assert doc["summary"]["failed"] == 0, doc
     built = {(r["arch"], r["variant"]) for r in doc["results"]}
     assert built == {(a, v) for a in ("gfx942", "gfx950") for v in ("narrow", "wide")}
@@ -75,6 +59,6 @@ def test_the_oldest_flydsl_builds_the_tiny_layout(tmp_path):
         inputs = json.loads(entry.read_text())["entry"]["build_inputs"]
         assert Version(inputs["flydsl"]["version"]) == oldest, entry
     if Version(version("flydsl")) != oldest:
-        plan = _build(sys.executable, store, "--dry-run")["plan"]
+        plan = build_tiny_as_a_user([sys.executable, "-m", "mono_aot"], store, "--dry-run")["plan"]
         assert plan and all(r["status"] == "stale" for r in plan), plan
         assert all("flydsl" in (r["reason"] or "").lower() for r in plan), plan

@@ -13,34 +13,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from .conftest import store_files
+from .conftest import build_tiny_as_a_user, store_files
 
 pytestmark = pytest.mark.slow
-
-LAYOUT = Path(__file__).resolve().parents[2] / "layouts" / "test" / "emulator-tiny-tp4.toml"
-
-
-def _build(argv: list[str], store: Path, cwd: Path) -> dict:
-    env = dict(os.environ, MONO_AOT_CACHE_DIR=str(store.parent / "unused-user-cache"))
-    env.pop("PYTHONPATH", None)  # the venv's own install, as a user runs it
-    args = ["build", "--layout", str(LAYOUT), "--arch", "gfx942", "--variant", "narrow"]
-    p = subprocess.run(
-        [*argv, *args, "--store", str(store), "--json"],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=env,
-        timeout=1800,
-        stdin=subprocess.DEVNULL,
-    )
-    assert p.returncode == 0, f"{argv}: exit {p.returncode}\n{p.stderr[-3000:]}"
-    return json.loads(p.stdout)
 
 
 def test_blob_is_the_same_whichever_interpreter_path_and_venv_location(tmp_path):
@@ -61,7 +41,7 @@ def test_blob_is_the_same_whichever_interpreter_path_and_venv_location(tmp_path)
         if argv[0].endswith("python") or argv[0].endswith("python3.11"):
             argv = [*argv, "-m", "mono_aot"]
         store = tmp_path / name.replace(" ", "-") / "store"
-        doc = _build(argv, store, cwd)
+        doc = build_tiny_as_a_user(argv, store, "--arch", "gfx942", "--variant", "narrow", cwd=cwd)
         assert doc["summary"]["failed"] == 0 and doc["summary"]["built"] == 1, (name, doc)
         found = {rel: d for rel, d in store_files(store).items() if "/blobs/" in rel}
         assert len(found) == 1, (name, sorted(found))
