@@ -538,10 +538,9 @@ def launch_costs(layout: Layout, arch: str) -> list[LaunchCost]:
     """The expected cost of a launch of each of the layout's variants on ``arch``."""
     from mono_aot.spec.plans import rank_weight_bytes
 
-    tp, m = layout.parallel.tp, layout.model
-    weights = rank_weight_bytes(layout)
-    per_layer = m.hidden * (2 * m.heads * m.head_dim + 2 * m.kv_heads * m.head_dim + 3 * m.mlp)
-    memory = int(BYTES_PER_WEIGHT * m.layers * per_layer)
+    tp = layout.parallel.tp
+    weights = rank_weight_bytes(layout)  # one byte a weight: the model has tp times as many
+    memory = int(BYTES_PER_WEIGHT * tp * weights)
     out = []
     for v in layout.variants():
         n = int(tp * weights * INSTRUCTIONS_PER_WEIGHT_BYTE[v])
