@@ -8,7 +8,14 @@ and benchmarks import it.
 """
 
 from mono_aot.reference.dense import DenseConfig, DenseDrafter, DenseRequest
-from mono_aot.reference.problem import Problem, RequestSpec, make_problem, random_model, rope_cache
+from mono_aot.reference.problem import (
+    Problem,
+    RequestSpec,
+    make_problem,
+    random_model,
+    random_packed_model,
+    rope_cache,
+)
 from mono_aot.reference.step import (
     StepInputs,
     StepResult,
@@ -31,6 +38,7 @@ __all__ = [
     "make_problem",
     "max_rel_error",
     "random_model",
+    "random_packed_model",
     "rank_step",
     "rope_cache",
     "run_tp",

@@ -28,7 +28,7 @@ from mono_aot.reference.dense import DenseConfig, DenseDrafter, DenseRequest, KV
 from mono_aot.reference.fp8 import FP8Format, decode, encode, quantize_dequantize, resolve_format
 from mono_aot.reference.kvcache import encode_kv, fp32_scale
 from mono_aot.reference.step import StepInputs
-from mono_aot.reference.weights import LayerWeights, RankWeights, pack_model
+from mono_aot.reference.weights import NORM_NAMES, LayerWeights, RankWeights, pack_model, unshard
 from mono_aot.spec.errors import BadInput
 from mono_aot.spec.layouts import Layout
 from mono_aot.spec.util import ceil_div
@@ -44,10 +44,11 @@ def rope_cache(max_pos: int, rotary_dim: int, base: float = 10000.0) -> torch.Te
 
 
 @torch.no_grad()
-def exact_weight(
+def exact_codes(
     rows: int, cols: int, groups: int, fmt: FP8Format, gen: torch.Generator, gain: float = 1.0
-) -> torch.Tensor:
-    """A float32 ``[rows, cols]`` matrix that per-row absmax fp8 quantization reproduces exactly.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The codes (uint8 ``[rows, cols]``) and scales (fp32 ``[rows, groups]``) of an fp8-exact
+    matrix: ``decode(code) * s`` is a matrix that per-row absmax quantization reproduces exactly.
 
     ``groups`` equal column groups each get their own scale (``tp`` for row-parallel matrices).
     Codes follow a quantized Gaussian; each (row, group) holds one ``+-max``; scales have 16
@@ -68,7 +69,7 @@ def exact_weight(
     )
     mant, ex = torch.frexp(target)
     scales = torch.ldexp(torch.round(mant * 2.0**16), ex - 16).to(torch.float32)
-    out = torch.empty(rows, cols, dtype=torch.float32)
+    out = torch.empty(rows, cols, dtype=torch.uint8)
     step = max(1, _ROW_CHUNK_ELEMS // cols)
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
@@ -77,13 +78,53 @@ def exact_weight(
         at = torch.randint(0, width, (r1 - r0, groups, 1), generator=gen)
         sign = torch.randint(0, 2, (r1 - r0, groups, 1), generator=gen, dtype=torch.uint8) << 7
         codes.scatter_(2, at, sign | fmt.max_code)
-        vals = decode(codes, fmt, torch.float32) * scales[r0:r1, :, None]
-        out[r0:r1] = vals.reshape(r1 - r0, cols)
+        out[r0:r1] = codes.reshape(r1 - r0, cols)
+    return out, scales
+
+
+@torch.no_grad()
+def exact_weight(
+    rows: int, cols: int, groups: int, fmt: FP8Format, gen: torch.Generator, gain: float = 1.0
+) -> torch.Tensor:
+    """The float32 ``[rows, cols]`` matrix of ``exact_codes`` (same arguments, same draws)."""
+    codes, scales = exact_codes(rows, cols, groups, fmt, gen, gain)
+    out = torch.empty(rows, cols, dtype=torch.float32)
+    step = max(1, _ROW_CHUNK_ELEMS // cols)
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        vals = decode(codes[r0:r1].reshape(r1 - r0, groups, -1), fmt, torch.float32)
+        out[r0:r1] = (vals * scales[r0:r1, :, None]).reshape(r1 - r0, cols)
     return out
 
 
 def _norm_weight(n: int, gen: torch.Generator, spread: float = 0.2) -> torch.Tensor:
     return (torch.randn(n, generator=gen, dtype=torch.float64) * spread).to(torch.bfloat16)
+
+
+# a matrix of the model by (name, rows, cols, scale groups, gain), in the order they are drawn
+def _matrices(layout: Layout) -> list[tuple[str, int, int, int, float]]:
+    m, tp = layout.model, layout.parallel.tp
+    qd, kvd = m.heads * m.head_dim, m.kv_heads * m.head_dim
+    return [
+        ("q", qd, m.hidden, 1, 1.0),
+        ("k", kvd, m.hidden, 1, 1.0),
+        ("v", kvd, m.hidden, 1, 1.0),
+        ("o", m.hidden, qd, tp, 0.5),
+        ("gate", m.mlp, m.hidden, 1, 1.5),
+        ("up", m.mlp, m.hidden, 1, 1.5),
+        ("down", m.hidden, m.mlp, tp, 0.5),
+    ]
+
+
+def _kv_scales(f: FP8Format, gen: torch.Generator) -> tuple[float, float]:
+    """A layer's K/V scales (fp32 values): normed k has RMS about 1 and tails near 4, so 4
+    lands near the format's max."""
+    ks = float(4.0 / f.max * (0.8 + 0.4 * torch.rand((), generator=gen)))
+    vs = float(4.0 / f.max * (0.8 + 0.4 * torch.rand((), generator=gen)))
+    return (
+        float(torch.tensor(ks, dtype=torch.float32)),
+        float(torch.tensor(vs, dtype=torch.float32)),
+    )
 
 
 @torch.no_grad()
@@ -97,37 +138,103 @@ def random_model(
     """
     f = resolve_format(fmt)
     gen = torch.Generator().manual_seed(seed)
-    m, tp = layout.model, layout.parallel.tp
-    D = m.head_dim
-
-    def mat(rows: int, cols: int, groups: int, gain: float) -> torch.Tensor:
-        if exact:
-            return exact_weight(rows, cols, groups, f, gen, gain)
-        return torch.randn(rows, cols, generator=gen) * (gain / math.sqrt(cols))
-
+    m = layout.model
     layers = []
     for _ in range(m.layers):
-        # normed k has RMS about 1 and tails near 4: put 4 near the format's max
-        ks = float(4.0 / f.max * (0.8 + 0.4 * torch.rand((), generator=gen)))
-        vs = float(4.0 / f.max * (0.8 + 0.4 * torch.rand((), generator=gen)))
+        ks, vs = _kv_scales(f, gen)
+        mats = {}
+        for name, rows, cols, groups, gain in _matrices(layout):
+            if exact:
+                mats[name] = exact_weight(rows, cols, groups, f, gen, gain)
+            else:
+                mats[name] = torch.randn(rows, cols, generator=gen) * (gain / math.sqrt(cols))
         layers.append(
             LayerWeights(
-                q=mat(m.heads * D, m.hidden, 1, 1.0),
-                k=mat(m.kv_heads * D, m.hidden, 1, 1.0),
-                v=mat(m.kv_heads * D, m.hidden, 1, 1.0),
-                o=mat(m.hidden, m.heads * D, tp, 0.5),
-                gate=mat(m.mlp, m.hidden, 1, 1.5),
-                up=mat(m.mlp, m.hidden, 1, 1.5),
-                down=mat(m.hidden, m.mlp, tp, 0.5),
+                **mats,
                 w_in=_norm_weight(m.hidden, gen),
                 w_post=_norm_weight(m.hidden, gen),
-                w_q=_norm_weight(D, gen),
-                w_k=_norm_weight(D, gen),
-                k_scale=float(torch.tensor(ks, dtype=torch.float32)),
-                v_scale=float(torch.tensor(vs, dtype=torch.float32)),
+                w_q=_norm_weight(m.head_dim, gen),
+                w_k=_norm_weight(m.head_dim, gen),
+                k_scale=ks,
+                v_scale=vs,
             )
         )
     return layers, _norm_weight(m.hidden, gen)
+
+
+@torch.no_grad()
+def random_packed_model(layout: Layout, fmt: FP8Format | str, seed: int = 0) -> list[RankWeights]:
+    """``pack_model(*random_model(layout, fmt, seed), layout, fmt)``, bit for bit, generated
+    straight from the codes and scales: the model is never held at higher precision.
+
+    Why: the shipped layout's model is 1.67 G weights; in float32 (and packed again) it took
+    8.4 GB of an emulation's 14 GB (README, "Emulator"). The packed tensors are what the
+    kernels read and what ``run_tp`` computes from, so nothing else is needed; ``Problem.layers``
+    rebuilds the float model when a test asks for it.
+    """
+    f = resolve_format(fmt)
+    gen = torch.Generator().manual_seed(seed)
+    m, tp, L = layout.model, layout.parallel.tp, layout.model.layers
+    qr, kr, mr = layout.q_rows_per_rank, layout.kv_rows_per_rank, layout.mlp_per_rank
+    qkv_rows, gu_rows = layout.qkv_rows_per_rank, layout.gu_rows_per_rank
+
+    def empty(shape: tuple[int, ...], dtype: torch.dtype) -> list[torch.Tensor]:
+        return [torch.empty((L, *shape), dtype=dtype) for _ in range(tp)]
+
+    packed = {
+        "qkv_w": empty((qkv_rows, m.hidden), torch.uint8),
+        "qkv_s": empty((qkv_rows,), torch.float32),
+        "o_w": empty((m.hidden, layout.o_cols_per_rank), torch.uint8),
+        "o_s": empty((m.hidden,), torch.float32),
+        "gu_w": empty((gu_rows, m.hidden), torch.uint8),
+        "gu_s": empty((gu_rows,), torch.float32),
+        "d_w": empty((m.hidden, mr), torch.uint8),
+        "d_s": empty((m.hidden,), torch.float32),
+    }
+    norms: dict[str, list[torch.Tensor]] = {n: [] for n in NORM_NAMES}
+    k_scales, v_scales = [], []
+    for li in range(L):
+        ks, vs = _kv_scales(f, gen)
+        k_scales.append(ks)
+        v_scales.append(vs)
+        mats = {
+            name: exact_codes(rows, cols, groups, f, gen, gain)
+            for name, rows, cols, groups, gain in _matrices(layout)
+        }
+        for r in range(tp):
+            # the row order of weights.shard_layer: this rank's q heads, then its K and V heads
+            col = {
+                "qkv": [(mats["q"], r * qr, qr), (mats["k"], r * kr, kr), (mats["v"], r * kr, kr)],
+                "gu": [(mats["gate"], r * mr, mr), (mats["up"], r * mr, mr)],
+            }
+            for name, parts in col.items():
+                at = 0
+                for (codes, scales), lo, n in parts:
+                    packed[f"{name}_w"][r][li, at : at + n] = codes[lo : lo + n]
+                    packed[f"{name}_s"][r][li, at : at + n] = scales[lo : lo + n, 0]
+                    at += n
+            # row-parallel: this rank's slice of the input dim, with that slice's own scales
+            for name, src, n in (("o", "o", qr), ("d", "down", mr)):
+                codes, scales = mats[src]
+                packed[f"{name}_w"][r][li] = codes[:, r * n : (r + 1) * n]
+                packed[f"{name}_s"][r][li] = scales[:, r]
+        del mats
+        for name, n in (
+            ("w_in", m.hidden), ("w_post", m.hidden), ("w_q", m.head_dim), ("w_k", m.head_dim)
+        ):  # fmt: skip
+            norms[name].append(_norm_weight(n, gen))
+    final_norm = _norm_weight(m.hidden, gen)
+    stacked = {n: torch.stack(ws).contiguous() for n, ws in norms.items()}
+    return [
+        RankWeights(
+            packed={n: t[r] for n, t in packed.items()},
+            norms={n: t.clone() for n, t in stacked.items()},
+            k_scale=torch.tensor(k_scales, dtype=torch.float32),
+            v_scale=torch.tensor(v_scales, dtype=torch.float32),
+            final_norm=final_norm.clone(),
+        )
+        for r in range(tp)
+    ]
 
 
 @dataclass(frozen=True)
@@ -156,12 +263,14 @@ class _Req:
 
 @dataclass
 class Problem:
-    """A launch ready for ``run_tp``/``step_rank`` and for the dense model."""
+    """A launch ready for ``run_tp``/``step_rank`` and for the dense model.
+
+    ``ranks`` is the model (every rank's packed weights); ``layers`` is the same model at full
+    precision, rebuilt from them on first use unless the caller gave it (``make_problem``).
+    """
 
     layout: Layout
     fmt: FP8Format
-    layers: list[LayerWeights]
-    final_norm: torch.Tensor
     ranks: list[RankWeights]
     inputs: StepInputs
     requests: list[_Req]
@@ -170,6 +279,24 @@ class Problem:
     ]  # [layer][req]: uint8 [len(pre_positions), kv_heads, 2D]
     num_blocks: int
     _initial: list[list[torch.Tensor]] = field(repr=False)
+    _layers: list[LayerWeights] | None = field(default=None, repr=False)
+
+    @property
+    def final_norm(self) -> torch.Tensor:
+        return self.ranks[0].final_norm
+
+    @property
+    def layers(self) -> list[LayerWeights]:
+        """The model at full precision (float64 when rebuilt from ``ranks``: equal values, as
+        the weights are fp8-exact or were packed from these)."""
+        if self._layers is None:
+            self._layers = unshard(self.ranks, self.layout, self.fmt)[0]
+        return self._layers
+
+    def kv_scales(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``layer``'s K and V scales as the kernels hold them (``fp32_scale``)."""
+        w = self.ranks[0]
+        return fp32_scale(w.k_scale[layer]), fp32_scale(w.v_scale[layer])
 
     def caches(self) -> list[list[torch.Tensor]]:
         """Fresh copies of every rank's pre-step caches (``[rank][layer]``)."""
@@ -177,7 +304,7 @@ class Problem:
 
     def kv_roundtrip(self) -> KVTransform:
         """The fp8 store-then-load of K/V, with each layer's scales (for the dense model)."""
-        scales = [(fp32_scale(w.k_scale), fp32_scale(w.v_scale)) for w in self.layers]
+        scales = [self.kv_scales(li) for li in range(self.layout.model.layers)]
         fmt = self.fmt
 
         def rt(layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -190,9 +317,10 @@ class Problem:
         qpr, D = self.layout.serving.qpr, self.layout.model.head_dim
         out = []
         for i, r in enumerate(self.requests):
-            ks = [fp32_scale(w.k_scale) for w in self.layers]
-            vs = [fp32_scale(w.v_scale) for w in self.layers]
-            codes = [self.context_codes[li][i] for li in range(len(self.layers))]
+            L = self.layout.model.layers
+            ks = [self.kv_scales(li)[0] for li in range(L)]
+            vs = [self.kv_scales(li)[1] for li in range(L)]
+            codes = [self.context_codes[li][i] for li in range(L)]
             visible = torch.tensor(
                 [w and r.context + t < r.seq_len for t, w in enumerate(r.written)], dtype=torch.bool
             )
@@ -232,17 +360,29 @@ def make_problem(
     fmt: FP8Format | str,
     requests: Sequence[RequestSpec],
     seed: int = 0,
-    model: tuple[list[LayerWeights], torch.Tensor] | None = None,
+    model: tuple[list[LayerWeights], torch.Tensor] | Sequence[RankWeights] | None = None,
     spare_blocks: int = 3,
 ) -> Problem:
-    """Build a launch of ``requests`` (see the module doc); ``model`` defaults to ``random_model``."""
+    """Build a launch of ``requests`` (see the module doc).
+
+    ``model``: ``(layers, final_norm)`` (packed here), every rank's packed weights
+    (``random_packed_model``: used as they are, not copied), or by default ``random_model``.
+    """
     f = resolve_format(fmt)
     m, qpr, B = layout.model, layout.serving.qpr, layout.serving.kv_block
     tp, K, D = layout.parallel.tp, layout.kv_heads_per_rank, m.head_dim
     if not requests:
         raise BadInput("a problem needs at least one request")
     gen = torch.Generator().manual_seed(seed + 1_000_003)
-    layers, final_norm = model if model is not None else random_model(layout, f, seed)
+    if model is None:
+        model = random_model(layout, f, seed)
+    if isinstance(model, tuple) and len(model) == 2 and isinstance(model[1], torch.Tensor):
+        layers: list[LayerWeights] | None = list(model[0])
+        ranks = pack_model(layers, model[1], layout, f)
+    else:
+        layers, ranks = None, list(model)
+        if len(ranks) != tp:
+            raise BadInput(f"the model has {len(ranks)} ranks' weights, the layout's tp is {tp}")
 
     # ---- requests and their physical blocks ----
     specs = []
@@ -295,17 +435,18 @@ def make_problem(
 
     # ---- caches: NaN codes everywhere except each request's valid pre-step positions ----
     caches = [
-        [torch.full((total, K, B, 2 * D), f.nan_code, dtype=torch.uint8) for _ in layers]
+        [torch.full((total, K, B, 2 * D), f.nan_code, dtype=torch.uint8) for _ in range(m.layers)]
         for _ in range(tp)
     ]
     context_codes: list[list[torch.Tensor]] = []
-    for li, w in enumerate(layers):
+    for li in range(m.layers):
+        k_scale, v_scale = float(ranks[0].k_scale[li]), float(ranks[0].v_scale[li])
         per_req = []
         for r in reqs:
             P = len(r.pre_positions)
             k = torch.randn(P, m.kv_heads, D, generator=gen, dtype=torch.float64)
             v = torch.randn(P, m.kv_heads, D, generator=gen, dtype=torch.float64)
-            codes = encode_kv(k, v, w.k_scale, w.v_scale, f)
+            codes = encode_kv(k, v, k_scale, v_scale, f)
             per_req.append(codes)
             pp = torch.tensor(r.pre_positions, dtype=torch.int64)
             blk = torch.tensor(r.blocks, dtype=torch.int64)[pp // B] if P else pp
@@ -316,15 +457,23 @@ def make_problem(
     return Problem(
         layout=layout,
         fmt=f,
-        layers=layers,
-        final_norm=final_norm,
-        ranks=pack_model(layers, final_norm, layout, f),
+        ranks=ranks,
         inputs=inputs,
         requests=reqs,
         context_codes=context_codes,
         num_blocks=total,
         _initial=caches,
+        _layers=layers,
     )
 
 
-__all__ = ["Problem", "RequestSpec", "exact_weight", "make_problem", "random_model", "rope_cache"]
+__all__ = [
+    "Problem",
+    "RequestSpec",
+    "exact_codes",
+    "exact_weight",
+    "make_problem",
+    "random_model",
+    "random_packed_model",
+    "rope_cache",
+]

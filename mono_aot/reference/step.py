@@ -569,15 +569,21 @@ def norm_rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
 # length, relative to its entry's scale), not by the result, so a near-zero result of a
 # cancelling sum may sit relatively far from its reference (a multi-launch step on the
 # emulator met one: 3.9e-6 from a boundary, 8.8e-4 of the value, 6e-8 of its entry's RMS).
-# Later layers read the hidden state the kernel computed with its own
-# roundings (the emulator measured it within 1e-3 of the kernel-numerics reference's, and the
-# output within 4.5e-3: a bf16 rounding's worth), which moves codes near any boundary, so there
-# the written K/V values are judged as a whole: their norm-relative error against the
-# reference's, at most ``KV_LATER_LAYER_TOL``. A misplaced row or position is still an error of
-# order 1; an unwritten byte must still be exact.
+# Later layers read the hidden state the kernel computed with its own roundings, which moves
+# codes near any boundary, so there a layer's written K/V values are judged as a whole: their
+# norm-relative error against the kernel-numerics reference's, at most the larger of
+# ``KV_LATER_LAYER_TOL`` and ``KV_SPREAD_FACTOR`` times that layer's spread (``kv_spread``: the
+# same distance between the float64 and the kernel-numerics references, two legal rounding
+# histories of the same step). Why the spread: the distance grows with depth and width, and on
+# the shipped layout (5 layers of hidden 6144) the float64 reference itself sits 2.03-2.61 %
+# from the kernel-numerics one at layer 4, so an exact kernel would fail a fixed 2e-2 (README,
+# "What has run"). A kernel's own roundings are independent of the reference's, so it may sit
+# up to about sqrt(2) spreads away; the factor 2 leaves room for that. A misplaced row or
+# position is still an error of order 1; an unwritten byte must still be exact.
 KV_BOUNDARY_TOL = 1e-4
 KV_ENTRY_BOUNDARY_TOL = 1e-5
 KV_LATER_LAYER_TOL = 2e-2
+KV_SPREAD_FACTOR = 2.0
 
 
 def near_boundary(prequant: torch.Tensor, fmt: FP8Format | str) -> torch.Tensor:
@@ -595,6 +601,23 @@ def near_boundary(prequant: torch.Tensor, fmt: FP8Format | str) -> torch.Tensor:
 KV_FINDINGS_PER_LAYER = 8  # bad bytes described per layer (the rest are counted)
 
 
+def kv_spread(a: StepResult, b: StepResult, fmt: FP8Format | str) -> list[float]:
+    """Per layer, the norm-relative distance between the written K/V values of two results of
+    one rank's step (the float64 and kernel-numerics references: ``compare_caches``)."""
+    f = resolve_format(fmt)
+    w = a.written
+    return [
+        norm_rel_error(decode(x[w], f, torch.float64), decode(y[w], f, torch.float64))
+        for x, y in zip(a.kv, b.kv, strict=True)
+    ]
+
+
+def later_layer_bound(spread: float) -> float:
+    """The largest norm-relative error a later layer's written K/V values may have against the
+    kernel-numerics reference's, given that layer's ``kv_spread`` (see ``KV_SPREAD_FACTOR``)."""
+    return max(KV_LATER_LAYER_TOL, KV_SPREAD_FACTOR * spread)
+
+
 def compare_caches(
     layout: Layout,
     fmt: FP8Format | str,
@@ -603,11 +626,13 @@ def compare_caches(
     slots: torch.Tensor,
     prequant: Sequence[torch.Tensor],
     findings: list[dict[str, Any]] | None = None,
+    spread: Sequence[float] | None = None,
 ) -> tuple[int, int]:
     """Every cache byte of every layer equals the reference's, except written codes: in layer
     0 those whose pre-encode value lies as near an fp8 rounding boundary as ``near_boundary``
     allows, in later layers all of a layer's written codes when their values are within
-    ``KV_LATER_LAYER_TOL`` of the reference's as a whole. Returns ``(bad bytes, tolerated
+    ``later_layer_bound`` of the reference's as a whole (``spread``: each layer's
+    ``kv_spread``; none given, ``KV_LATER_LAYER_TOL``). Returns ``(bad bytes, tolerated
     differences)``; ``findings``, when given, receives one record per layer with a bad byte:
     the counts, the layer's K/V error and the first ``KV_FINDINGS_PER_LAYER`` bad bytes (block,
     position, head, byte, half, codes, pre-encode value and its distance to a boundary)."""
@@ -637,7 +662,8 @@ def compare_caches(
             gv = decode(g[rows], f, torch.float64)
             wv = decode(w[rows], f, torch.float64)
             record["written_norm_rel_error"] = norm_rel_error(gv, wv)
-            if record["written_norm_rel_error"] <= KV_LATER_LAYER_TOL:
+            record["bound"] = later_layer_bound(spread[li] if spread is not None else 0.0)
+            if record["written_norm_rel_error"] <= record["bound"]:
                 tolerated += int(in_rows.sum())
                 wrong = torch.zeros_like(diff)
             else:
@@ -700,8 +726,11 @@ __all__ = [
     "KV_BOUNDARY_TOL",
     "KV_ENTRY_BOUNDARY_TOL",
     "KV_LATER_LAYER_TOL",
+    "KV_SPREAD_FACTOR",
     "allreduce",
     "compare_caches",
+    "kv_spread",
+    "later_layer_bound",
     "clamped_swiglu",
     "gemma_norm",
     "kv_agreement",

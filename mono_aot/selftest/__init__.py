@@ -222,9 +222,8 @@ class Session:
     ) -> None:
         import torch
 
-        from mono_aot.reference import random_model, rope_cache
+        from mono_aot.reference import random_packed_model, rope_cache
         from mono_aot.reference.fp8 import resolve_format
-        from mono_aot.reference.weights import pack_model
         from mono_aot.selftest import artifacts
         from mono_aot.selftest.cases import cache_blocks, max_position
         from mono_aot.selftest.cluster import Cluster
@@ -249,12 +248,12 @@ class Session:
             )
             log("kernels: " + ", ".join(f"{k} {v}" for k, v in status.items()))
             log(f"random fp8-exact model (seed {seed}) ...")
-            self.model = random_model(layout, arch, seed)
+            self.model = random_packed_model(layout, arch, seed)
             self.rope = rope_cache(max_position(layout), layout.model.rotary_dim)
             rope_path = self.dir / "rope.pt"
             torch.save(self.rope, rope_path)
             weights = []
-            for r, w in enumerate(pack_model(*self.model, layout, arch)):
+            for r, w in enumerate(self.model):
                 p = self.dir / f"weights-rank{r}.pt"
                 torch.save(
                     {

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from mono_aot.reference.step import compare_caches, norm_rel_error
+from mono_aot.reference.step import compare_caches, kv_spread, norm_rel_error
 from mono_aot.spec import abi
 from mono_aot.spec.util import ceil_div
 
@@ -161,8 +161,9 @@ def judge(
         errs.append(norm_rel_error(a["out"], ref.ref64.out))
         found: list[dict[str, Any]] = []
         b, t = compare_caches(
-            layout, arch, a["caches"], ref.caches[r], slots, ref.refk.ranks[r].kv_prequant, found
-        )
+            layout, arch, a["caches"], ref.caches[r], slots, ref.refk.ranks[r].kv_prequant, found,
+            kv_spread(ref.ref64.ranks[r], ref.refk.ranks[r], arch),
+        )  # fmt: skip
         findings += [{"rank": r, **x} for x in found]
         bad += b + int(a.get("outside_bad", 0))
         tol += t

@@ -315,9 +315,8 @@ class EmulatedSession(Session):
         import torch
 
         from mono_aot.emulator.machine import Machine
-        from mono_aot.reference import random_model, rope_cache
+        from mono_aot.reference import random_packed_model, rope_cache
         from mono_aot.reference.fp8 import resolve_format
-        from mono_aot.reference.weights import pack_model
         from mono_aot.runtime.peer import PAGE_BYTES
         from mono_aot.runtime.runner import DrafterRunner, TPGroup
         from mono_aot.selftest import artifacts
@@ -348,7 +347,7 @@ class EmulatedSession(Session):
             self.machine.progress = self._progress
         self.gate = LaunchGate(self.machine)
         self.host = HostMemory(self.machine)
-        self.model = random_model(layout, arch, seed)
+        self.model = random_packed_model(layout, arch, seed)
         self.rope = rope_cache(max_position(layout), layout.model.rotary_dim)
         self.max_requests = max_requests or layout.serving.chunk_reqs
         blocks = cache_blocks(layout, self.max_requests)
@@ -359,7 +358,7 @@ class EmulatedSession(Session):
         self.ranks: list[dict[str, Any]] = []
         # the runner looks the kernels up in this process's store layers (ensured above)
         strict = {**(os.environ if env is None else env), "MONO_AOT_STRICT": "1"}
-        for r, w in enumerate(pack_model(*self.model, layout, arch)):
+        for r, w in enumerate(self.model):
             weights = {
                 "packed": dict(w.packed), "norms": dict(w.norms), "k_scale": w.k_scale,
                 "v_scale": w.v_scale, "final_norm": w.final_norm,

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from mono_aot.reference.fp8 import E4M3FN, E4M3FNUZ, decode, encode
-from mono_aot.reference.problem import exact_weight, random_model
+from mono_aot.reference.problem import exact_weight, make_problem, random_model, random_packed_model
+from mono_aot.reference.problem import RequestSpec
 from mono_aot.reference.weights import (
     GEMV_NAMES,
     LayerWeights,
@@ -176,6 +177,33 @@ def test_pack_model_shapes_and_exact_roundtrip(f):
                 assert torch.equal(x, y.double()), fld.name
             else:
                 assert x == y, fld.name
+
+
+@pytest.mark.parametrize("f", FORMATS, ids=ids)
+def test_packed_random_model_is_the_packed_float_model(f):
+    """The emulator's model is generated as codes and scales (never in float32): it must be
+    the very bytes packing the float model gives, and a problem built on it the same launch."""
+    lay = small_layout()
+    layers, final = random_model(lay, f, seed=7)
+    want = pack_model(layers, final, lay, f)
+    got = random_packed_model(lay, f, seed=7)
+    assert len(got) == len(want) == lay.parallel.tp
+    for r, (a, b) in enumerate(zip(got, want, strict=True)):
+        check_rank_weights(a, lay)
+        for group in ("packed", "norms"):
+            for name, t in getattr(b, group).items():
+                u = getattr(a, group)[name]
+                assert u.dtype == t.dtype and torch.equal(u, t), (r, group, name)
+        for name in ("k_scale", "v_scale", "final_norm"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), (r, name)
+    reqs = [RequestSpec(context=5), RequestSpec(context=0)]
+    p_packed = make_problem(lay, f, reqs, seed=1, model=got)
+    p_float = make_problem(lay, f, reqs, seed=1, model=(layers, final))
+    assert all(torch.equal(a, b) for a, b in zip(p_packed.caches()[0], p_float.caches()[0]))
+    assert torch.equal(p_packed.inputs.x, p_float.inputs.x)
+    # the full-precision model, rebuilt from the bytes on demand, is the float model
+    for a, b in zip(p_packed.layers, layers, strict=True):
+        assert torch.equal(a.q, b.q.double()) and a.k_scale == b.k_scale
 
 
 def test_inexact_weights_roundtrip_within_fp8_and_requantize_identically():

@@ -18,7 +18,9 @@ from mono_aot.reference.step import (
     KV_BOUNDARY_TOL,
     KV_ENTRY_BOUNDARY_TOL,
     KV_LATER_LAYER_TOL,
+    KV_SPREAD_FACTOR,
     compare_caches,
+    later_layer_bound,
     norm_rel_error,
 )
 from mono_aot.selftest import cases
@@ -228,6 +230,38 @@ def test_compare_caches_judges_a_later_layers_written_values_as_a_whole():
     got = [w.clone() for w in want]
     got[1][1, 0, 0, 0] = 0  # a byte nobody may write
     assert compare_caches(LAY, fmt, got, want, slots, pre) == (1, 0)
+
+
+def test_a_later_layers_bound_follows_the_spread_of_legal_numerics():
+    """Where the float64 and kernel-numerics references are themselves far apart (deep, wide
+    layouts: README, "What has run"), a layer's written values may be as far from the
+    kernel-numerics reference as ``KV_SPREAD_FACTOR`` spreads; a misplaced row still fails."""
+    fmt = resolve_format("gfx942")
+    B = LAY.serving.kv_block
+    D2 = 2 * LAY.model.head_dim
+    slots = torch.arange(1, B, dtype=torch.int64)
+    gen = torch.Generator().manual_seed(1)
+    vals = torch.randn((len(slots), 1, D2), generator=gen, dtype=torch.float64) * 20
+    moved = vals * (1 + 0.01 * torch.randn(vals.shape, generator=gen, dtype=torch.float64))
+    want0 = torch.full((1, 1, B, D2), fmt.nan_code, dtype=torch.uint8)
+    want0[0, :, 1:, :] = encode(vals, fmt, saturate=True).transpose(0, 1)
+    got0 = want0.clone()
+    got0[0, :, 1:, :] = encode(moved, fmt, saturate=True).transpose(0, 1)
+    want, got, pre = [want0, want0], [want0, got0], [vals, vals]
+    found: list = []
+    bad, _ = compare_caches(LAY, fmt, got, want, slots, pre, found)
+    err = found[0]["written_norm_rel_error"]
+    assert bad > 0 and KV_LATER_LAYER_TOL < err < 2 * KV_LATER_LAYER_TOL  # about 3 %
+    assert found[0]["bound"] == KV_LATER_LAYER_TOL
+    # two legal numerics 2 % apart in layer 1: 3 % is within two spreads
+    assert compare_caches(LAY, fmt, got, want, slots, pre, spread=[0.0, 0.02])[0] == 0
+    assert later_layer_bound(0.02) == KV_SPREAD_FACTOR * 0.02
+    # but not a 3 % error where the references agree to 1 %, nor a row moved by one
+    assert compare_caches(LAY, fmt, got, want, slots, pre, spread=[0.0, 0.01])[0] > 0
+    swapped = want0.clone()
+    swapped[0, 0, 1:] = want0[0, 0, 1:].roll(1, dims=0)
+    bad, _ = compare_caches(LAY, fmt, [want0, swapped], want, slots, pre, spread=[0.0, 0.02])
+    assert bad > 0
 
 
 def test_selftest_verdicts_on_a_small_layout(tmp_path, small_model):
