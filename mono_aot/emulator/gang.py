@@ -12,13 +12,19 @@ an instruction once only when ``Compiled.gang`` says it may and the scalar regis
 values hold the same value in every member; EXEC and a lane-mask source (a carry-in, a
 ``v_cndmask`` select) are each member's own, concatenated. Gang-able are the VALU instructions
 (their lane operations are elementwise: ``lanes.py``) that write a vector destination under
-EXEC, or a lane mask (a compare, a carry-out: each member's lanes of it go to its own SGPRs and
-EXEC), MFMA (one product per wave) and loads from global memory and LDS: those read memory at
-once for every member (LDS once per workgroup's members) and put one access in flight in each
-member, which its own waits retire (``Compiled.gang_steps`` holds these gang forms). None of
-them writes anything another wave can see, so running it for a member before its turn in the
-schedule changes no value another wave reads (a load may read memory up to a quantum earlier
-than the member alone would, as the quantum already allows). A scalar instruction (the scalar
+EXEC), or a lane mask (a compare, a carry-out: each member's lanes of it go to its own SGPRs and
+EXEC), ``v_readfirstlane`` (each member's first active lane to its own SGPR), MFMA (one product
+per wave), the lane exchanges ``ds_swizzle`` and ``ds_bpermute`` (each lane's source within its
+own member) and loads from global memory and LDS: those read memory at once for every member
+(LDS once per workgroup's members) and put one access in flight in each member, which its own
+waits retire (``Compiled.gang_steps`` holds these gang forms). None of them writes anything
+another wave can see, so running it for a member before its turn in the schedule changes no
+value another wave reads (a load may read memory up to a quantum earlier than the member alone
+would, as the quantum already allows). ``ds_write`` is the one that does: it scatters once per
+workgroup, its members in the order the schedule would run them alone (a later writer of a byte
+wins as it would), so it differs from the members alone only for a wave outside the gang that
+touches those bytes within the quantum, which the kernels' barriers between LDS phases rule
+out. A scalar instruction (the scalar
 ALU, a branch: ``Compiled.scalar``) whose SGPRs and SCC agree in every member runs once, on the
 first, and the others take its result: it is a pure function of those, so each member alone
 would have computed the same. Everything else runs member by member (``Machine._step_gang``),
@@ -38,13 +44,14 @@ class Gang:
     """The wave-like view of ``waves`` (consecutive waves of one launch) that a gang-able
     instruction's closure runs on: ``v``, ``s``, ``exec_mask``, ``exec_all``, ``lane_mask``."""
 
-    __slots__ = ("waves", "v", "s", "lanes", "exec_mask", "exec_all")
+    __slots__ = ("waves", "v", "s", "lanes", "exec_mask", "exec_all", "_pend")
 
     def __init__(self, waves: Sequence[Wave], v: np.ndarray) -> None:
         self.waves = waves
         self.v = v
         self.s = waves[0].s  # read only where every member holds the same (``uniform``)
         self.lanes = LANES * len(waves)
+        self._pend: tuple[set[int], set[int]] | None = None
         self.sync_exec()
 
     def sync_exec(self) -> None:
@@ -96,5 +103,23 @@ class Gang:
 
     def clear_of_loads(self, touch_v: frozenset[int], touch_s: frozenset[int]) -> bool:
         """Whether no member has a load in flight to a register the instruction touches (if
-        one has, the members step alone, and ``Wave.hazard`` names the register)."""
-        return all(w.clear_of_loads(touch_v, touch_s) for w in self.waves)
+        one has, the members step alone, and ``Wave.hazard`` names the register).
+
+        Why a union: asked of every member, this was an eighth of a shipped-layout run (a gang
+        has about 2,000 members and the GEMVs keep loads in flight). The union of the members'
+        registers in flight changes only where an access is issued or retired, after which the
+        machine calls ``loads_changed``."""
+        if self._pend is None:
+            pv: set[int] = set()
+            ps: set[int] = set()
+            for w in self.waves:
+                if w.npend:
+                    pv.update(w.pend_v)
+                    ps.update(w.pend_s)
+            self._pend = (pv, ps)
+        pv, ps = self._pend
+        return (not pv or touch_v.isdisjoint(pv)) and (not ps or touch_s.isdisjoint(ps))
+
+    def loads_changed(self) -> None:
+        """A member issued or retired a memory access: ``clear_of_loads`` must look again."""
+        self._pend = None

@@ -457,7 +457,7 @@ class Machine:
         members' next instructions differ or one yields. The number each executed."""
         prog = ln.kernel.program
         steps, blocks, gangs, gang_steps = prog.steps, prog.blocks, prog.gang, prog.gang_steps
-        scalar = prog.scalar
+        scalar, memory = prog.scalar, prog.memory
         touch_v, touch_s = prog.touch_v, prog.touch_s
         k = members[0].wg.id * len(members[0].wg.waves) + members[0].index
         g = Gang(members, ln.regs[:, k * LANES : (k + len(members)) * LANES])
@@ -493,6 +493,8 @@ class Machine:
                     w = members[0]
                     try:
                         pc = (gang_steps[cur] or steps[cur])(g)
+                        if memory[cur]:  # each member's access in flight
+                            g.loads_changed()
                         n += 1
                         continue
                     except Fault:  # raised before any effect: the members alone name the wave
@@ -514,6 +516,7 @@ class Machine:
                 nexts = []
                 for w in order:
                     nexts.append(self._alone(w, prog, cur))
+                g.loads_changed()
                 n += 1
                 pc = nexts[0]
                 if pc < 0 or nexts.count(pc) != len(nexts):  # a yield, or the paths part

@@ -36,6 +36,7 @@ guide ("AMD Instinct MI300 ISA", chapters "Vector ALU Operations" and "Microcode
 
 from __future__ import annotations
 
+import functools
 import inspect
 import struct
 from collections.abc import Callable, Mapping
@@ -105,6 +106,9 @@ class Compiled:
         # (None: ``steps``): loads, whose accesses in flight are each member's, and VALU
         # instructions that write a lane mask (compares, carry-outs) to each member's SGPRs
         self.gang_steps: list[Step | None] = []
+        # per instruction: whether it accesses memory (a gang's union of registers in flight,
+        # ``gang.Gang.clear_of_loads``, may change after it)
+        self.memory: list[bool] = []
         # per instruction: None, or the scalar registers it reads and writes when it is a pure
         # function of them and SCC (the scalar ALU, branches, s_nop): a gang runs it once on
         # its first member when every member holds the same values there and in SCC, and
@@ -116,6 +120,8 @@ class Compiled:
         self.missing: dict[str, int] = {}  # lane operation not available -> uses
         self.counts: dict[str, int] = {}
 
+
+_MEMORY_FORMATS = frozenset({"SMEM", "DS", "FLAT", "MUBUF"})
 
 # SOPP instructions that only choose the next instruction from SGPRs, SCC and EXEC (or nothing)
 _SCALAR_SOPP = frozenset({"s_nop", "s_setprio", "s_icache_inv", "s_wakeup", "s_branch"})
@@ -336,6 +342,7 @@ class Compiler:
             o.plain.append(self.meta)
             o.gang.append(self.gang_s)
             o.gang_steps.append(self.gang_step)
+            o.memory.append(inst.fmt in _MEMORY_FORMATS)
             o.scalar.append(tuple(sorted(set(rs + ws))) if _scalar_only(inst) else None)
             o.reads_v.append(rv)
             o.writes_v.append(wv)
@@ -348,6 +355,7 @@ class Compiler:
         o.plain.append(None)
         o.gang.append(None)
         o.gang_steps.append(None)
+        o.memory.append(False)
         o.scalar.append(None)
         o.touch_v = [frozenset(r + w) for r, w in zip(o.reads_v, o.writes_v, strict=True)]
         o.touch_s = [frozenset(r + w) for r, w in zip(o.reads_s, o.writes_s, strict=True)]
@@ -944,21 +952,26 @@ class Compiler:
     # ---- lane-crossing operations the executor owns
     def readfirstlane(self, inst: Instruction, nxt: int):
         src = inst.operand("src0")
-        wr = self.swrite(inst.operand("sdst"))
+        sdst = inst.operand("sdst")
+        wr = self.swrite(sdst)
         fetch = self.vfetch(src)
         regs = self._regs(inst, ("src0",), ("sdst",))
+        exec_dst = any(EXEC_LO <= r <= EXEC_HI for r in range(sdst.index, sdst.index + sdst.width))
 
         def rfl(w):
-            x = fetch(w)
-            if w.exec_all:
-                lane = 0
-            else:
-                e = w.exec
-                lane = (e & -e).bit_length() - 1 if e else 0  # EXEC = 0: lane 0
-            wr(w, int(x[lane]))
+            wr(w, int(fetch(w)[_first_lane(w)]))
+            return nxt
+
+        def rfl_gang(g):  # each member's first active lane to its own SGPR
+            x = fetch(g)
+            for j, w in enumerate(g.waves):
+                wr(w, int(x[j * LANES + _first_lane(w)]))
+            if exec_dst:
+                g.sync_exec()
             return nxt
 
         rv, wv, rs, ws = regs
+        self.gang_able(rs, gang_step=rfl_gang)
         return rfl, rv, wv, rs + (EXEC_LO, EXEC_HI), ws
 
     def readlane(self, inst: Instruction, nxt: int):
@@ -1073,38 +1086,40 @@ class Compiler:
         rv, wv, rs, ws = self._regs(inst, ("addr", "data0", "data1"), ("vdst",))
         rs = rs + (EXEC_LO, EXEC_HI)
         lgkm_w = wv
-        if kind == "swizzle":
-            idx = _swizzle_lanes(offset)
-            src_r = self.vrow(inst.operand("addr"))  # ds_swizzle takes its data from "addr"
+        if kind in ("swizzle", "permute"):
+            # ds_swizzle takes its data from "addr", ds_bpermute from "data0"
+            data_r = self.vrow(inst.operand("addr" if kind == "swizzle" else "data0"))
             d_r = self.vrow(inst.operand("vdst"))
+            if kind == "swizzle":
+                pattern = functools.cache(functools.partial(_repeat_lanes, _swizzle_lanes(offset)))
 
-            def swz(w):
-                data = w.v[src_r]
+                def sources(w, n):  # each lane's source lane, fixed by the pattern
+                    return pattern(n)
+
+                exchange = _pull
+            else:
+
+                def sources(w, n):  # the lane each lane's address names, within its wave
+                    lanes = ((w.v[addr_r].astype(np.int64) + offset) >> 2) & 63
+                    return lanes if n == 1 else lanes + _member_bases(n)
+
+                exchange = _pull if b == "ds_bpermute_b32" else _push
+
+            def xchg(w):
                 act = w.exec_mask
-                out = np.where(act[idx], data[idx], _U32(0))  # inactive sources read 0
-                w.issue(Pending("lds", off, lgkm_w, (), _lane_writer(d_r, 1, out, act), w.time))
+                out = exchange(w.v[data_r], sources(w, 1), act)
+                writer = _lane_writer(d_r, 1, out, act, w.exec_all)
+                w.issue(Pending("lds", off, lgkm_w, (), writer, w.time))
                 return nxt
 
-            return swz, rv, (), rs, ()
-        if kind == "permute":
-            data_r = self.vrow(inst.operand("data0"))
-            d_r = self.vrow(inst.operand("vdst"))
-            backward = b == "ds_bpermute_b32"
-
-            def perm(w):
-                act = w.exec_mask
-                lanes = ((w.v[addr_r].astype(np.int64) + offset) >> 2) & 63
-                data = w.v[data_r]
-                if backward:  # each lane reads the lane its address names
-                    out = np.where(act[lanes], data[lanes], _U32(0))
-                else:  # each active lane writes into the lane its address names
-                    out = np.zeros(LANES, dtype=_U32)
-                    sel = np.flatnonzero(act)
-                    out[lanes[sel]] = data[sel]
-                w.issue(Pending("lds", off, lgkm_w, (), _lane_writer(d_r, 1, out, act), w.time))
+            def xchg_gang(g):  # every member's lanes at once, each its own access in flight
+                n = len(g.waves)
+                out = exchange(g.v[data_r], sources(g, n), g.exec_mask)
+                _issue_each(g, 0, n, "lds", off, lgkm_w, d_r, 1, out)
                 return nxt
 
-            return perm, rv, (), rs, ()
+            self.gang_able(rs, gang_step=xchg_gang)
+            return xchg, rv, (), rs, ()
         elem = {"b32": 4, "x2": 8, "x3": 12, "x4": 16}
         if kind in ("read", "read2"):
             d = inst.operand("vdst")
@@ -1129,7 +1144,8 @@ class Compiler:
             def dsread(w):
                 act = w.exec_mask
                 vals = read(w.wg.lds, w.v[addr_r].astype(np.int64), act)
-                w.issue(Pending("lds", off, lgkm_w, (), _lane_writer(d_r, ndw, vals, act), w.time))
+                writer = _lane_writer(d_r, ndw, vals, act, w.exec_all)
+                w.issue(Pending("lds", off, lgkm_w, (), writer, w.time))
                 return nxt
 
             def dsread_gang(g):  # one gather per workgroup's members (they share its LDS)
@@ -1164,6 +1180,27 @@ class Compiler:
                     _lds_scatter(w.wg.lds, base + o, act, data)
                 return nxt
 
+            def dswrite_gang(g):  # one scatter per workgroup, its members in schedule order
+                act = g.exec_mask
+                base = g.v[addr_r].astype(np.int64)
+                lds0 = g.waves[0].wg.lds  # one kernel: every workgroup's LDS has its size
+                writes = []
+                for o, r, n in parts:
+                    addr = (base + o) & M32
+                    _lds_check(lds0, addr, act, n)  # every fault before any write
+                    nd = (n + 3) // 4
+                    writes.append(
+                        (addr, np.ascontiguousarray(g.v[r : r + nd].T).view(np.uint8)[:, :n])
+                    )
+                for lo, hi in g.workgroups():
+                    lanes = _schedule_lanes(g.waves, lo, hi)
+                    lds = g.waves[lo].wg.lds
+                    for addr, data in writes:
+                        sel = lanes[act[lanes]]
+                        lds[addr[sel][:, None] + np.arange(data.shape[1])] = data[sel]
+                return nxt
+
+            self.gang_able(rs, gang_step=dswrite_gang)
             return dswrite, rv, wv, rs, ws
         raise LoadError(f"{b} is not supported")
 
@@ -1220,8 +1257,8 @@ class Compiler:
 
             def gload(w):
                 vals = load(w)
-                w.issue(Pending("vm", off, vm_w, (), _lane_writer(d_r, ndw, vals, w.exec_mask),
-                                w.time))  # fmt: skip
+                writer = _lane_writer(d_r, ndw, vals, w.exec_mask, w.exec_all)
+                w.issue(Pending("vm", off, vm_w, (), writer, w.time))
                 return nxt
 
             def gload_gang(g):
@@ -1281,7 +1318,7 @@ class Compiler:
                 old[lane] = cur
                 new = fn(cur, data[:, lane])
                 cell[:] = np.asarray(new, dtype=_U32).view(np.uint8)
-            apply = _lane_writer(d_r, width, old, act) if ret else None
+            apply = _lane_writer(d_r, width, old, act, bool(act.all())) if ret else None
             w.issue(Pending("vm", off, vm_w if ret else (), (), apply, w.time))
             return ~nxt
 
@@ -1363,12 +1400,11 @@ def _swizzle_lanes(offset: int) -> np.ndarray:
     return (lanes & 0x20) | ((((lanes & 0x1F) & and_m) | or_m) ^ xor_m)
 
 
-def _lane_writer(row: int, n: int, vals: np.ndarray, act: np.ndarray):
+def _lane_writer(row: int, n: int, vals: np.ndarray, act: np.ndarray, full: bool):
     """Retire-time writer of ``vals`` ((64,) or (64, n)) to rows ``row..row+n-1`` under the
-    EXEC mask of the issuing instruction."""
+    EXEC mask ``act`` of the issuing instruction (``full``: every lane active)."""
     if vals.ndim == 1:
         vals = vals[:, None]
-    full = bool(act.all())
 
     def apply(w: Wave) -> None:
         if full:
@@ -1386,7 +1422,51 @@ def _issue_each(g, lo: int, hi: int, kind: str, off: int, rows: tuple[int, ...],
     for j in range(lo, hi):
         w = g.waves[j]
         mine = vals[(j - lo) * LANES : (j - lo + 1) * LANES]
-        w.issue(Pending(kind, off, rows, (), _lane_writer(d_r, ndw, mine, w.exec_mask), w.time))
+        writer = _lane_writer(d_r, ndw, mine, w.exec_mask, w.exec_all)
+        w.issue(Pending(kind, off, rows, (), writer, w.time))
+
+
+def _first_lane(w) -> int:
+    """The lane v_readfirstlane reads: the lowest active one (lane 0 when none is)."""
+    if w.exec_all:
+        return 0
+    e = w.exec
+    return (e & -e).bit_length() - 1 if e else 0
+
+
+@functools.cache
+def _member_bases(n: int) -> np.ndarray:
+    """The first lane of each of ``n`` gang members, per lane: lane k of member j is j*64+k."""
+    return np.repeat(np.arange(n, dtype=np.int64) * LANES, LANES)
+
+
+def _repeat_lanes(pattern: np.ndarray, n: int) -> np.ndarray:
+    """A wave's lane pattern (64,) for each of ``n`` gang members, as gang lanes."""
+    return pattern if n == 1 else np.tile(pattern, n) + _member_bases(n)
+
+
+def _pull(data: np.ndarray, src: np.ndarray, act: np.ndarray) -> np.ndarray:
+    """Each lane reads the lane ``src`` names; an inactive source reads 0 (ds_swizzle,
+    ds_bpermute)."""
+    return np.where(act[src], data[src], _U32(0))
+
+
+def _push(data: np.ndarray, dst: np.ndarray, act: np.ndarray) -> np.ndarray:
+    """Each active lane writes into the lane ``dst`` names; unwritten lanes read 0
+    (ds_permute)."""
+    out = np.zeros(data.shape[0], dtype=_U32)
+    sel = np.flatnonzero(act)
+    out[dst[sel]] = data[sel]
+    return out
+
+
+def _schedule_lanes(waves, lo: int, hi: int) -> np.ndarray:
+    """The gang lanes of members ``lo..hi-1`` in the order the schedule would run them alone
+    (by clock, then tie-break), so a later writer to one LDS byte wins as it would alone."""
+    ids = sorted(range(lo, hi), key=lambda j: (waves[j].time, waves[j].tie))
+    if ids == list(range(lo, hi)):
+        return np.arange(lo * LANES, hi * LANES)
+    return np.concatenate([np.arange(j * LANES, (j + 1) * LANES) for j in ids])
 
 
 def _extend(raw: np.ndarray, signed: bool, ndw: int) -> np.ndarray:

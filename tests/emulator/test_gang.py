@@ -19,7 +19,7 @@ from tests.emulator.emu import OUT, buffer, kernargs, prologue
 
 THREADS, GRID = 256, 3  # 4 waves a workgroup, 12 in all
 IN = OUT + (1 << 24)
-ROWS = list(range(2, 18))  # v2..v17 are stored
+ROWS = [*range(2, 18), 22, 23, 24]  # the registers stored
 
 
 def gang_program() -> Asm:
@@ -53,13 +53,20 @@ def gang_program() -> Asm:
     # loads under a per-wave EXEC: global memory (the input at 4 * global thread id), and LDS,
     # each workgroup's own: every thread writes its v5, reads its neighbour wave's
     a.smem("s_load_dwordx2", 22, 0, 8).waitcnt(lgkm=0)
-    a.vop2("v_lshrrev_b32", 20, i(4), v(0)).vopc("v_cmpx_gt_u32", i(10), v(20))
+    a.vop2("v_lshrrev_b32", 20, i(4), v(0)).vopc("v_cmpx_lt_u32", i(2), v(20))
+    a.vop1("v_readfirstlane_b32", 24, v(5))  # the first active lane: 48 in wave 0, else 0
+    a.vopc("v_cmpx_gt_u32", i(10), v(20))  # and EXEC: lanes 48.. of wave 0, none of wave 3
     a.glob("global_load_dword", addr=1, vdst=11, saddr=22)
     a.glob("global_load_dwordx2", addr=1, vdst=14, saddr=22, offset=8)
+    # lane exchanges under that EXEC, each wave within its own: a swizzle (xor 3 within 32
+    # lanes) and a backward permute (lane ^ 41)
+    a.ds("ds_swizzle_b32", addr=5, vdst=22, offset=0x1F | 3 << 10)
+    a.vop2("v_xor_b32", 25, LIT, v(19), lit=4 * 41)
+    a.ds("ds_bpermute_b32", addr=25, data0=5, vdst=23)
     a.ds("ds_write_b32", addr=19, data0=5).sopp("s_barrier")
     a.vop2("v_xor_b32", 21, LIT, v(19), lit=4 * LANES)
     a.ds("ds_read_b32", addr=21, vdst=17).ds("ds_read2_b32", addr=21, vdst=12, offset0=1)
-    a.waitcnt(vm=0, lgkm=0).sop1("s_mov_b64", EXEC, i(-1))
+    a.waitcnt(vm=0, lgkm=0).sop1("s_mov_b64", EXEC, i(-1)).vop1("v_mov_b32", 24, s(24))
     for r in ROWS:  # row k of the output: register v(2 + k) of every thread of the grid
         a.glob("global_store_dword", addr=1, data=r, saddr=4)
         a.sop2("s_add_u32", 4, 4, LIT, lit=4 * THREADS * GRID).sop2("s_addc_u32", 5, 5, i(0))
@@ -96,6 +103,8 @@ def test_gangs_compute_what_waves_one_by_one_compute():
     # not degenerate: the workgroup id and the per-wave masks show in the results
     rows = got.view(np.uint32).reshape(len(ROWS), -1)
     assert len(np.unique(rows[ROWS.index(5)])) > THREADS
+    first = rows[ROWS.index(24)].reshape(GRID * THREADS // LANES, LANES)
+    assert (first == first[:, :1]).all() and len(np.unique(first[:, 0])) > GRID
 
 
 # ------------------------------------------------------------------------------ real kernels
@@ -136,6 +145,7 @@ def _same_on_a_gang(k, pc: int, alone, ganged, regs, svals, execs) -> bool:
     for w in singles:
         try:
             alone(w)
+            w.wait(0, 0)  # a lane exchange's result lands at its wait
         except Fault:
             faults += 1
     waves = _waves(k, regs, svals, execs)
@@ -146,6 +156,8 @@ def _same_on_a_gang(k, pc: int, alone, ganged, regs, svals, execs) -> bool:
         assert np.array_equal(regs, kept), k.texts[pc]
         return False
     ganged(Gang(waves, regs))
+    for w in waves:
+        w.wait(0, 0)
     if not np.array_equal(regs, regs_alone):
         bad = np.argwhere(regs != regs_alone)[0]
         raise AssertionError(
@@ -167,8 +179,8 @@ def _same_on_a_gang(k, pc: int, alone, ganged, regs, svals, execs) -> bool:
 def test_every_gang_able_instruction_of_the_kernels_runs_the_same_on_a_gang(
     tmp_path_factory: pytest.TempPathFactory, arch: str, variant: str
 ):
-    """Each instruction (and fused block) ``Compiled.gang`` lets a gang run but the loads
-    (they need memory; the program above runs them), on random
+    """Each instruction (and fused block) ``Compiled.gang`` lets a gang run but those that
+    touch memory (the program above runs them), on random
     registers, per-wave EXEC (all, some, no lanes) and per-wave lane masks (VCC and the other
     SGPRs but those the gang must agree on): once on the gang of 3 waves, and once on each
     wave alone; every register bit the same."""
@@ -177,15 +189,23 @@ def test_every_gang_able_instruction_of_the_kernels_runs_the_same_on_a_gang(
     k = m.load(hit.data, hit.entry.symbol)
     prog = k.program
     rng = np.random.default_rng(7)
+    lane_ops = {  # the DS instructions that exchange lanes and touch no LDS
+        prog.steps[pc]
+        for pc, inst in enumerate(k.decoded.instructions)
+        if inst.fmt == "DS" and inst.op.kind in ("swizzle", "permute")
+    }
     cases = [
         (pc, u, prog.steps[pc], prog.gang_steps[pc] or prog.steps[pc])
         for pc, u in enumerate(prog.gang)
-        if u is not None and k.decoded.instructions[pc].fmt not in ("FLAT", "DS")
-    ]  # loads need memory: test_gangs_compute_what_waves_one_by_one_compute runs them
+        if u is not None
+        and (k.decoded.instructions[pc].fmt not in ("FLAT", "DS") or prog.steps[pc] in lane_ops)
+    ]  # LDS and global memory: test_gangs_compute_what_waves_one_by_one_compute runs them
     cases += [(b.start, b.gang, b.run, b.run) for b in prog.blocks if b and b.gang is not None]
     assert len(cases) > 500, "the kernel has few gang-able instructions: is Compiled.gang set?"
     assert variant == "narrow" or any("v_mfma" in k.texts[pc] for pc, *_ in cases)
     assert any(k.texts[pc].startswith("v_cmp") for pc, *_ in cases)
+    assert any(k.texts[pc].startswith("v_readfirstlane") for pc, *_ in cases)
+    assert any(k.texts[pc].startswith(("ds_swizzle", "ds_bpermute")) for pc, *_ in cases)
     for pc, uniform, alone, ganged in cases:  # random bits: NaNs, infinities, overflows
         regs, svals, execs = _state(rng, k, uniform)
         if not _same_on_a_gang(k, pc, alone, ganged, regs, svals, execs):  # MFMA, partial EXEC

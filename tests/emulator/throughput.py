@@ -6,8 +6,9 @@ the executor (``mono_aot/emulator/machine.py``, ``program.py``, ``wave.py``...):
     mono-aot build --store STORE --layout emulator-tiny-tp4 --arch gfx942
     python -m tests.emulator.throughput STORE [--instructions 3000000] [--profile] [--compare]
 
-It runs the selftest's narrow check (``--check wide``: its wide step of 2 requests) of the small
-test layout (``layouts/test/``) on 4 emulated
+It runs the selftest's narrow check of 1 request (``--check wide``: a wide step of the
+layout's smallest wide count) of a layout (``--layout``; the small test layout in
+``layouts/test/`` by default) on 4 emulated
 devices exactly as ``mono-aot emulate`` does (``mono_aot/selftest/emulated.py``: real weights,
 caches and argument buffers), but stops the machine after ``--instructions`` wave-instructions
 and prints how fast they ran (``--profile``: and the cProfile of that run; ``--compare``: and
@@ -33,6 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("store", help="a store the tiny layout's kernels were built into")
     ap.add_argument("--instructions", type=int, default=3_000_000)
     ap.add_argument("--arch", default="gfx942")
+    ap.add_argument("--layout", default=LAYOUT, help="the layout (its kernels in STORE)")
     ap.add_argument(
         "--check",
         choices=("narrow", "wide"),
@@ -87,8 +89,9 @@ def _measure(a: argparse.Namespace, *, gangs: bool) -> tuple[int, float]:
     machine_mod.Machine.__init__ = init  # type: ignore[method-assign]
     try:
         env = {"MONO_AOT_PATH": a.store, "MONO_AOT_STRICT": "1"}
-        requests = (2,) if a.check == "wide" else ()
-        run_emulation(resolve_layout(LAYOUT), a.arch, [a.check], env=env, requests=requests)
+        layout = resolve_layout(a.layout)
+        requests = (layout.serving.wide_base,) if a.check == "wide" else (1,)
+        run_emulation(layout, a.arch, [a.check], env=env, requests=requests)
     finally:
         machine_mod.Machine.run = real_run  # type: ignore[method-assign]
         machine_mod.Machine.__init__ = real_init  # type: ignore[method-assign]

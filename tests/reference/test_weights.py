@@ -8,8 +8,13 @@ import pytest
 import torch
 
 from mono_aot.reference.fp8 import E4M3FN, E4M3FNUZ, decode, encode
-from mono_aot.reference.problem import exact_weight, make_problem, random_model, random_packed_model
-from mono_aot.reference.problem import RequestSpec
+from mono_aot.reference.problem import (
+    RequestSpec,
+    exact_weight,
+    make_problem,
+    random_model,
+    random_packed_model,
+)
 from mono_aot.reference.weights import (
     GEMV_NAMES,
     LayerWeights,
@@ -199,7 +204,9 @@ def test_packed_random_model_is_the_packed_float_model(f):
     reqs = [RequestSpec(context=5), RequestSpec(context=0)]
     p_packed = make_problem(lay, f, reqs, seed=1, model=got)
     p_float = make_problem(lay, f, reqs, seed=1, model=(layers, final))
-    assert all(torch.equal(a, b) for a, b in zip(p_packed.caches()[0], p_float.caches()[0]))
+    assert all(
+        torch.equal(a, b) for a, b in zip(p_packed.caches()[0], p_float.caches()[0], strict=True)
+    )
     assert torch.equal(p_packed.inputs.x, p_float.inputs.x)
     # the full-precision model, rebuilt from the bytes on demand, is the float model
     for a, b in zip(p_packed.layers, layers, strict=True):
