@@ -24,11 +24,10 @@ would, as the quantum already allows). ``ds_write`` is the one that does: it sca
 workgroup, its members in the order the schedule would run them alone (a later writer of a byte
 wins as it would), so it differs from the members alone only for a wave outside the gang that
 touches those bytes within the quantum, which the kernels' barriers between LDS phases rule
-out. A scalar instruction (the scalar
-ALU, a branch: ``Compiled.scalar``) whose SGPRs and SCC agree in every member runs once, on the
-first, and the others take its result: it is a pure function of those, so each member alone
-would have computed the same. Everything else runs member by member (``Machine._step_gang``),
-and the gang breaks up where their paths part.
+out. A scalar instruction (the scalar ALU, a branch: ``Compiled.scalar``) whose SGPRs and SCC
+agree in every member runs once, on the first, and the others take its result: it is a pure
+function of those, so each member alone would have computed the same. Everything else runs
+member by member (``Machine._step_gang``), and the gang breaks up where their paths part.
 """
 
 from __future__ import annotations

@@ -1175,9 +1175,7 @@ class Compiler:
                 act = w.exec_mask
                 base = w.v[addr_r].astype(np.int64)
                 for o, r, n in parts:
-                    nd = (n + 3) // 4
-                    data = np.ascontiguousarray(w.v[r : r + nd].T).view(np.uint8)[:, :n]
-                    _lds_scatter(w.wg.lds, base + o, act, data)
+                    _lds_scatter(w.wg.lds, base + o, act, _lane_bytes(w.v, r, n))
                 return nxt
 
             def dswrite_gang(g):  # one scatter per workgroup, its members in schedule order
@@ -1188,16 +1186,12 @@ class Compiler:
                 for o, r, n in parts:
                     addr = (base + o) & M32
                     _lds_check(lds0, addr, act, n)  # every fault before any write
-                    nd = (n + 3) // 4
-                    writes.append(
-                        (addr, np.ascontiguousarray(g.v[r : r + nd].T).view(np.uint8)[:, :n])
-                    )
+                    writes.append((addr, _lane_bytes(g.v, r, n)))
                 for lo, hi in g.workgroups():
                     lanes = _schedule_lanes(g.waves, lo, hi)
-                    lds = g.waves[lo].wg.lds
+                    lanes = lanes[act[lanes]]
                     for addr, data in writes:
-                        sel = lanes[act[lanes]]
-                        lds[addr[sel][:, None] + np.arange(data.shape[1])] = data[sel]
+                        _lds_put(g.waves[lo].wg.lds, addr, lanes, data)
                 return nxt
 
             self.gang_able(rs, gang_step=dswrite_gang)
@@ -1506,11 +1500,19 @@ def _lds_gather(lds: np.ndarray, addr: np.ndarray, act: np.ndarray, n: int) -> n
 
 
 def _lds_scatter(lds: np.ndarray, addr: np.ndarray, act: np.ndarray, data: np.ndarray) -> None:
-    n = data.shape[1]
     addr = addr & M32  # as in _lds_gather
-    _lds_check(lds, addr, act, n)
-    lanes = np.flatnonzero(act)
-    lds[addr[lanes][:, None] + np.arange(n)] = data[lanes]
+    _lds_check(lds, addr, act, data.shape[1])
+    _lds_put(lds, addr, np.flatnonzero(act), data)
+
+
+def _lds_put(lds: np.ndarray, addr: np.ndarray, lanes: np.ndarray, data: np.ndarray) -> None:
+    """Each of ``lanes``, in order, writes its bytes ``data`` at its checked address ``addr``."""
+    lds[addr[lanes][:, None] + np.arange(data.shape[1])] = data[lanes]
+
+
+def _lane_bytes(v: np.ndarray, row: int, n: int) -> np.ndarray:
+    """The first ``n`` bytes of each lane's registers from ``row``: (lanes, n) uint8."""
+    return np.ascontiguousarray(v[row : row + (n + 3) // 4].T).view(np.uint8)[:, :n]
 
 
 def _u64(x: np.ndarray) -> int:
