@@ -24,9 +24,10 @@ would, as the quantum already allows). ``ds_write`` is the one that does: it sca
 workgroup, its members in the order the schedule would run them alone (a later writer of a byte
 wins as it would), so it differs from the members alone only for a wave outside the gang that
 touches those bytes within the quantum, which the kernels' barriers between LDS phases rule
-out. A scalar instruction (the scalar ALU, a branch: ``Compiled.scalar``) whose SGPRs and SCC
-agree in every member runs once, on the first, and the others take its result: it is a pure
-function of those, so each member alone would have computed the same. Everything else runs
+out. A scalar instruction (the scalar ALU, a branch: ``Compiled.scalar``) whose source SGPRs
+and SCC agree in every member runs once, on the first, and the others take the SGPRs it writes
+and SCC: it is a pure function of its sources, so each member alone would have computed the
+same (its destinations may hold anything before: a workgroup's own value it overwrites). Everything else runs
 member by member (``Machine._step_gang``), and the gang breaks up where their paths part.
 """
 
@@ -80,14 +81,16 @@ class Gang:
         return all([w.s[r] for r in regs] == want for w in self.waves[1:])
 
     def scalar_agrees(self, regs: Sequence[int]) -> bool:
-        """Whether every member holds the same SCC and the same values in ``regs``."""
+        """Whether every member holds the same SCC and the same values in ``regs`` (the
+        registers a scalar instruction reads)."""
         first = self.waves[0]
         want = [first.s[r] for r in regs]
         return all(w.scc == first.scc and [w.s[r] for r in regs] == want for w in self.waves[1:])
 
     def copy_scalar(self, regs: Sequence[int]) -> None:
-        """Give every member the first member's SCC and ``regs`` (EXEC refreshed if among
-        them): the result of a scalar instruction the first ran for all (``scalar_agrees``)."""
+        """Give every member the first member's SCC and ``regs`` (the registers the
+        instruction writes; EXEC refreshed if among them): the result of a scalar instruction
+        the first ran for all (``scalar_agrees``)."""
         first = self.waves[0]
         vals = [first.s[r] for r in regs]
         execs = EXEC_LO in regs or EXEC_HI in regs

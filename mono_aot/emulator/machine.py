@@ -493,24 +493,28 @@ class Machine:
                     w = members[0]
                     try:
                         pc = (gang_steps[cur] or steps[cur])(g)
-                        if memory[cur]:  # each member's access in flight
-                            g.loads_changed()
-                        n += 1
-                        continue
                     except Fault:  # raised before any effect: the members alone name the wave
                         for w in members:
                             w.time -= CYCLES_PER_INSTRUCTION
+                    else:
+                        if memory[cur]:  # each member's access in flight, or retired
+                            g.loads_changed()
+                        n += 1
+                        if pc < 0:  # every member yields (s_waitcnt that waited, s_barrier)
+                            pc = ~pc
+                            break
+                        continue
                 sc = scalar[cur]
                 if (
                     sc is not None
                     and g.clear_of_loads(touch_v[cur], touch_s[cur])
-                    and g.scalar_agrees(sc)
+                    and g.scalar_agrees(sc[0])
                 ):
                     for w in members:
                         w.time += CYCLES_PER_INSTRUCTION
                     w = members[0]
                     pc = steps[cur](w)  # never yields: a scalar ALU op, a branch, a no-op
-                    g.copy_scalar(sc)
+                    g.copy_scalar(sc[1])
                     n += 1
                     continue
                 nexts = []

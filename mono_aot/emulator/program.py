@@ -106,14 +106,15 @@ class Compiled:
         # (None: ``steps``): loads, whose accesses in flight are each member's, and VALU
         # instructions that write a lane mask (compares, carry-outs) to each member's SGPRs
         self.gang_steps: list[Step | None] = []
-        # per instruction: whether it accesses memory (a gang's union of registers in flight,
-        # ``gang.Gang.clear_of_loads``, may change after it)
+        # per instruction: whether it accesses memory or retires accesses (s_waitcnt): a
+        # gang's union of registers in flight (``gang.Gang.clear_of_loads``) may change after
         self.memory: list[bool] = []
-        # per instruction: None, or the scalar registers it reads and writes when it is a pure
-        # function of them and SCC (the scalar ALU, branches, s_nop): a gang runs it once on
-        # its first member when every member holds the same values there and in SCC, and
-        # gives the others the result (``gang.Gang.scalar_agrees``, ``Gang.copy_scalar``)
-        self.scalar: list[tuple[int, ...] | None] = []
+        # per instruction: None, or (the scalar registers it reads, those it writes) when it
+        # is a pure function of what it reads and SCC (the scalar ALU, branches, s_nop): a
+        # gang runs it once on its first member when every member holds the same values in
+        # the registers read and in SCC, and gives the others the registers written and SCC
+        # (``gang.Gang.scalar_agrees``, ``Gang.copy_scalar``)
+        self.scalar: list[tuple[tuple[int, ...], tuple[int, ...]] | None] = []
         self.blocks: list = []  # fuse.Block | None per instruction
         self.touch_v: list[frozenset[int]] = []
         self.touch_s: list[frozenset[int]] = []
@@ -342,8 +343,9 @@ class Compiler:
             o.plain.append(self.meta)
             o.gang.append(self.gang_s)
             o.gang_steps.append(self.gang_step)
-            o.memory.append(inst.fmt in _MEMORY_FORMATS)
-            o.scalar.append(tuple(sorted(set(rs + ws))) if _scalar_only(inst) else None)
+            o.memory.append(inst.fmt in _MEMORY_FORMATS or inst.base == "s_waitcnt")
+            o.scalar.append((tuple(sorted(set(rs))), tuple(sorted(set(ws))))
+                            if _scalar_only(inst) else None)  # fmt: skip
             o.reads_v.append(rv)
             o.writes_v.append(wv)
             o.reads_s.append(rs)
@@ -424,7 +426,8 @@ class Compiler:
                 return (cmpk, *regs)
             wr = self.swrite(d)
             rv, wv, rs, ws = regs
-            rs = rs + ws  # movk/addk read the destination (cmovk keeps it)
+            if b != "s_movk_i32":
+                rs = rs + ws  # addk/mulk read the destination (cmovk keeps it)
 
             def sopk(w):
                 r, c = fn(rd(w), k, w.scc)
@@ -523,6 +526,12 @@ class Compiler:
                 w.block = "barrier"
                 return ~nxt
 
+            def barrier_gang(g):  # every member arrives (``Machine._step_gang`` yields them)
+                for w in g.waves:
+                    w.block = "barrier"
+                return ~nxt
+
+            self.gang_able((), gang_step=barrier_gang)
             return (barrier, *none)
         if b == "s_sleep":
             cycles = 64 * (int(inst.operands[0].value) & 0x7F)  # CDNA3 S_SLEEP: 64 * SIMM16[6:0]
@@ -539,6 +548,13 @@ class Compiler:
             def waitcnt(w):
                 return ~nxt if w.wait(vm, lgkm) else nxt
 
+            def waitcnt_gang(g):  # each member's own accesses; all yield if any waited
+                waited = False
+                for w in g.waves:
+                    waited |= w.wait(vm, lgkm)
+                return ~nxt if waited else nxt
+
+            self.gang_able((), gang_step=waitcnt_gang)
             return (waitcnt, *none)
         if b == "s_branch" or b.startswith("s_cbranch"):
             tgt_off = int(inst.operand("target").value)
@@ -1412,12 +1428,35 @@ def _lane_writer(row: int, n: int, vals: np.ndarray, act: np.ndarray, full: bool
 def _issue_each(g, lo: int, hi: int, kind: str, off: int, rows: tuple[int, ...], d_r: int,
                 ndw: int, vals: np.ndarray) -> None:  # fmt: skip
     """Put a gang's load in flight in each member ``lo..hi-1`` (``vals``: their lanes'
-    values, in order): its own access, retired by its own waits, as if it had run alone."""
-    for j in range(lo, hi):
-        w = g.waves[j]
-        mine = vals[(j - lo) * LANES : (j - lo + 1) * LANES]
-        writer = _lane_writer(d_r, ndw, mine, w.exec_mask, w.exec_all)
-        w.issue(Pending(kind, off, rows, (), writer, w.time))
+    values, in order): its own access, retired by its own waits, as if it had run alone.
+
+    The members' records share one writer, which the first of them to retire runs for all:
+    one copy of the gang's lanes instead of one per member. Writing a member's destination
+    before its own wait changes nothing it can see, since reading or writing a register a
+    load in flight writes is a fault (``Wave.hazard``) until its own wait retires the load."""
+    cols = slice(lo * LANES, hi * LANES)
+    act = g.exec_mask[cols]
+    write = _lane_writer(d_r, ndw, vals, act, bool(act.all()))
+    dst = _Columns(g.v[:, cols])
+    done = False
+
+    def apply(_w: Wave) -> None:
+        nonlocal done
+        if not done:
+            done = True
+            write(dst)
+
+    for w in g.waves[lo:hi]:
+        w.issue(Pending(kind, off, rows, (), apply, w.time))
+
+
+class _Columns:
+    """The registers of a run of gang members, as the ``v`` a retire-time writer fills."""
+
+    __slots__ = ("v",)
+
+    def __init__(self, v: np.ndarray) -> None:
+        self.v = v
 
 
 def _first_lane(w) -> int:

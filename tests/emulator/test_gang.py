@@ -227,6 +227,8 @@ def scalar_program() -> Asm:
     a.sop2("s_sub_i32", 11, s(11), i(1)).sopc("s_cmp_lg_u32", s(11), i(0))
     a.branch("s_cbranch_scc1", "loop")
     a.sop2("s_mul_i32", 13, s(2), LIT, lit=1000003)  # differs between workgroups
+    # a destination that differs between workgroups before an instruction that only writes it
+    a.sop1("s_mov_b32", 19, s(2)).sopk("s_movk_i32", 19, 9)
     a.sopc("s_cmp_eq_u32", s(2), i(1)).sop2("s_cselect_b32", 14, s(13), s(10))
     a.sopk("s_movk_i32", 15, 77).sopk("s_addk_i32", 15, 5)
     a.vopc("v_cmp_gt_u32", i(40), v(0))
@@ -234,7 +236,7 @@ def scalar_program() -> Asm:
     a.sop1("s_mov_b64", EXEC, s(16))
     a.vop1("v_mov_b32", 18, s(2)).vop2("v_lshlrev_b32", 18, i(10), v(18))  # 4 * THREADS * wg
     a.vop2("v_add_u32", 1, v(1), v(18))  # each thread its own word of a row
-    for r in (10, 11, 12, 13, 14, 15, 16, 18):
+    for r in (10, 11, 12, 13, 14, 15, 16, 18, 19):
         a.vop1("v_mov_b32", 2, s(r))
         a.glob("global_store_dword", addr=1, data=2, saddr=4)
         a.sop2("s_add_u32", 4, 4, LIT, lit=4 * THREADS * GRID).sop2("s_addc_u32", 5, 5, i(0))
@@ -242,19 +244,22 @@ def scalar_program() -> Asm:
 
 
 def _run_scalar(gangs: bool, monkeypatch: pytest.MonkeyPatch):
-    once = [0]
+    once = [0, 0]  # scalar instructions run once for a gang; of them, ones whose destination
+    # s19 differed between members before (a gang spanning workgroups)
     real = Gang.copy_scalar
 
     def counted(self, regs):
         once[0] += 1
+        if 19 in regs:
+            once[1] += any(w.s[19] != self.waves[0].s[19] for w in self.waves)
         return real(self, regs)
 
     monkeypatch.setattr(Gang, "copy_scalar", counted)
     m = Machine("gfx942", 1, gangs=gangs)
-    out = buffer(m, OUT, 4 * THREADS * GRID * 8)
+    out = buffer(m, OUT, 4 * THREADS * GRID * 9)
     k = m.load(kernel_object(scalar_program()))
     m.launch(0, k, GRID, THREADS, kernargs(OUT))
-    return out, m.run(), once[0]
+    return out, m.run(), once
 
 
 def test_a_gang_runs_scalar_work_once_when_its_members_agree(monkeypatch):
@@ -263,10 +268,12 @@ def test_a_gang_runs_scalar_work_once_when_its_members_agree(monkeypatch):
     as every wave alone; where the members disagree (the workgroup id) each runs its own."""
     got, st, once = _run_scalar(True, monkeypatch)
     want, st0, none = _run_scalar(False, monkeypatch)
-    assert none == 0 and once > 20  # the loop's scalar work ran once a gang
+    assert none == [0, 0] and once[0] > 20  # the loop's scalar work ran once a gang
+    assert once[1] > 0  # and s_movk ran once although its destination differed before
     assert got.tobytes() == want.tobytes()
     assert (st.instructions, st.virtual_seconds) == (st0.instructions, st0.virtual_seconds)
-    rows = got.view(np.uint32).reshape(8, GRID, THREADS)
+    rows = got.view(np.uint32).reshape(9, GRID, THREADS)
+    assert rows[8].min() == rows[8].max() == 9
     assert len(np.unique(rows[3])) == GRID  # s2 * 1000003: each workgroup its own
     assert rows[6].min() == rows[6].max() != 0  # saveexec's old EXEC: all lanes, in every wave
 
@@ -278,23 +285,25 @@ def test_every_scalar_instruction_of_the_kernels_runs_the_same_once_for_a_gang(
     tmp_path_factory: pytest.TempPathFactory, arch: str, variant: str
 ):
     """Each instruction ``Compiled.scalar`` lets a gang run once (the scalar ALU, branches,
-    no-ops), on random SGPRs and SCC that agree in the three members where it reads or writes
-    and differ elsewhere: run on the first and given to the others, against each wave alone;
-    every SGPR, SCC, EXEC and the next instruction the same."""
+    no-ops), on random SGPRs and SCC that agree in the three members where it reads and differ
+    elsewhere (its destinations included): run on the first, its destinations and SCC given to
+    the others, against each wave alone; every SGPR, SCC, EXEC and the next instruction the
+    same."""
     hit = stored_kernels(tmp_path_factory, LAYOUT, arch, (variant,))[1][variant]
     m = Machine(arch, 1)
     k = m.load(hit.data, hit.entry.symbol)
     prog = k.program
     rng = np.random.default_rng(11)
-    cases = [(pc, regs) for pc, regs in enumerate(prog.scalar) if regs is not None]
+    cases = [(pc, sc) for pc, sc in enumerate(prog.scalar) if sc is not None]
     assert len(cases) > 200, "the kernel has few scalar instructions: is Compiled.scalar set?"
     assert any(k.texts[pc].startswith("s_cbranch") for pc, _ in cases)
-    for pc, regs in cases:
+    assert any(set(writes) - set(reads) for _, (reads, writes) in cases)
+    for pc, (reads, writes) in cases:
         vregs = np.zeros((k.vregs, G * LANES), dtype=np.uint32)
-        _, svals, _ = _state(rng, k, regs)
+        _, svals, _ = _state(rng, k, reads)
         scc = int(rng.integers(0, 2))
         execs = [svals[0][EXEC_LO] | svals[0][EXEC_LO + 1] << 32] * G
-        if EXEC_LO not in regs:
+        if EXEC_LO not in reads:
             execs = [int(rng.integers(0, 1 << 63)) for _ in range(G)]
         singles = _waves(k, vregs.copy(), svals, execs)
         nexts = []
@@ -305,9 +314,9 @@ def test_every_scalar_instruction_of_the_kernels_runs_the_same_once_for_a_gang(
         for w in waves:
             w.scc = scc
         g = Gang(waves, vregs)
-        assert g.scalar_agrees(regs), k.texts[pc]
+        assert g.scalar_agrees(reads), k.texts[pc]
         nxt = prog.steps[pc](waves[0])
-        g.copy_scalar(regs)
+        g.copy_scalar(writes)
         assert nexts == [nxt] * G, k.texts[pc]
         assert [w.s for w in waves] == [w.s for w in singles], k.texts[pc]
         assert [w.scc for w in waves] == [w.scc for w in singles], k.texts[pc]
