@@ -16,19 +16,21 @@ EXEC), or a lane mask (a compare, a carry-out: each member's lanes of it go to i
 EXEC), ``v_readfirstlane`` (each member's first active lane to its own SGPR), MFMA (one product
 per wave), the lane exchanges ``ds_swizzle`` and ``ds_bpermute`` (each lane's source within its
 own member) and loads from global memory and LDS: those read memory at once for every member
-(LDS once per workgroup's members) and put one access in flight in each member, which its own
-waits retire (``Compiled.gang_steps`` holds these gang forms). None of them writes anything
-another wave can see, so running it for a member before its turn in the schedule changes no
-value another wave reads (a load may read memory up to a quantum earlier than the member alone
-would, as the quantum already allows). ``ds_write`` is the one that does: it scatters once per
-workgroup, its members in the order the schedule would run them alone (a later writer of a byte
-wins as it would), so it differs from the members alone only for a wave outside the gang that
-touches those bytes within the quantum, which the kernels' barriers between LDS phases rule
-out. A scalar instruction (the scalar ALU, a branch: ``Compiled.scalar``) whose source SGPRs
-and SCC agree in every member runs once, on the first, and the others take the SGPRs it writes
-and SCC: it is a pure function of its sources, so each member alone would have computed the
-same (its destinations may hold anything before: a workgroup's own value it overwrites). Everything else runs
-member by member (``Machine._step_gang``), and the gang breaks up where their paths part.
+(each lane from its own workgroup's LDS: the launch's workgroups' LDS are rows of one array) and
+put one access in flight in each member, which its own waits retire; ``s_waitcnt`` (each
+member's own waits) and ``s_barrier`` (``Compiled.gang_steps`` holds these gang forms). None
+of them writes anything another wave can see, so running it for a member before its turn in
+the schedule changes no value another wave reads (a load may read memory up to a quantum
+earlier than the member alone would, as the quantum already allows). ``ds_write`` is the one
+that does: it scatters once for the gang, its members in the order the schedule would run them
+alone (a later writer of a byte wins as it would), so it differs from the members alone only
+for a wave outside the gang that touches those bytes within the quantum, which the kernels'
+barriers between LDS phases rule out. A scalar instruction (the scalar ALU, a branch:
+``Compiled.scalar``) whose source SGPRs and SCC agree in every member runs once, on the first,
+and the others take the SGPRs it writes and SCC: it is a pure function of its sources, so each
+member alone would have computed the same (its destinations may hold anything before: a
+workgroup's own value it overwrites). Everything else runs member by member
+(``Machine._step_gang``), and the gang breaks up where their paths part.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class Gang:
     """The wave-like view of ``waves`` (consecutive waves of one launch) that a gang-able
     instruction's closure runs on: ``v``, ``s``, ``exec_mask``, ``exec_all``, ``lane_mask``."""
 
-    __slots__ = ("waves", "v", "s", "lanes", "exec_mask", "exec_all", "_pend")
+    __slots__ = ("waves", "v", "s", "lanes", "exec_mask", "exec_all", "_pend", "_lds")
 
     def __init__(self, waves: Sequence[Wave], v: np.ndarray) -> None:
         self.waves = waves
@@ -52,6 +54,7 @@ class Gang:
         self.s = waves[0].s  # read only where every member holds the same (``uniform``)
         self.lanes = LANES * len(waves)
         self._pend: tuple[set[int], set[int]] | None = None
+        self._lds: tuple[np.ndarray, np.ndarray] | None = None
         self.sync_exec()
 
     def sync_exec(self) -> None:
@@ -59,15 +62,23 @@ class Gang:
         self.exec_all = all(w.exec_all for w in self.waves)
         self.exec_mask = np.concatenate([w.exec_mask for w in self.waves])
 
-    def workgroups(self) -> list[tuple[int, int]]:
-        """The members in runs of one workgroup, ``[(first, past the last)]`` (an LDS access
-        runs once per workgroup: each has its own)."""
-        runs, lo = [], 0
-        for j in range(1, len(self.waves) + 1):
-            if j == len(self.waves) or self.waves[j].wg is not self.waves[lo].wg:
-                runs.append((lo, j))
-                lo = j
-        return runs
+    def lds_lanes(self) -> tuple[np.ndarray, np.ndarray]:
+        """The members' LDS as one flat array and, per gang lane, where its workgroup's bytes
+        start in it: an LDS access of the whole gang is then one gather or one scatter (the
+        workgroups of a launch are rows of one array, ``Machine._dispatch``)."""
+        if self._lds is None:
+            wg0 = self.waves[0].wg
+            size, rows = wg0.lds.size, wg0.lds.base
+            if rows is None:  # a workgroup made on its own (a test's): its members only
+                if any(w.wg is not wg0 for w in self.waves):
+                    raise ValueError("a gang spans workgroups whose LDS is not one array")
+                flat, first = wg0.lds, np.zeros(self.lanes, dtype=np.int64)
+            else:
+                flat = rows.reshape(-1)
+                ids = np.array([w.wg.id for w in self.waves], dtype=np.int64)
+                first = np.repeat(ids * size, LANES)
+            self._lds = (flat, first)
+        return self._lds
 
     def lane_mask(self, read: Callable[[Wave], int]) -> np.ndarray:
         return np.concatenate([mask_of(read(w)) for w in self.waves])

@@ -157,6 +157,7 @@ class Launch:
     workgroups: list[Workgroup] = field(default_factory=list)
     waves: list[Wave] = field(default_factory=list)  # in dispatch order: a gang's neighbours
     regs: np.ndarray | None = None  # [register, wave * 64 + lane]: every wave's ``v``
+    lds: np.ndarray | None = None  # [workgroup, byte]: every workgroup's LDS, one row each
 
 
 @dataclass
@@ -374,9 +375,10 @@ class Machine:
         sg = k.descriptor.initial_sgprs()
         waves = ln.waves
         ln.regs = regs = np.zeros((k.vregs, ln.grid * nw * LANES), dtype=np.uint32)
+        ln.lds = np.zeros((ln.grid, lds), dtype=np.uint8)
         for wg_id in range(ln.grid):
             t = at + int(round(ln.hold.get(wg_id, 0.0) * CLOCK_HZ))
-            wg = Workgroup(wg_id, lds, ln)
+            wg = Workgroup(wg_id, ln.lds[wg_id], ln)
             ln.workgroups.append(wg)
             for i in range(nw):
                 col = len(waves) * LANES

@@ -1152,24 +1152,24 @@ class Compiler:
             signed = b in ("ds_read_i8", "ds_read_i16")
             ndw = d.width
 
-            def read(lds: np.ndarray, base: np.ndarray, act: np.ndarray) -> np.ndarray:
-                chunks = [_lds_gather(lds, base + o, act, n) for o, n in parts]
+            def read(lds: np.ndarray, size: int, first, base: np.ndarray,
+                     act: np.ndarray) -> np.ndarray:  # fmt: skip
+                chunks = [_lds_gather(lds, size, first, base + o, act, n) for o, n in parts]
                 raw = chunks[0] if len(chunks) == 1 else np.concatenate(chunks, axis=1)
                 return _extend(raw, signed, ndw)
 
             def dsread(w):
-                act = w.exec_mask
-                vals = read(w.wg.lds, w.v[addr_r].astype(np.int64), act)
+                act, lds = w.exec_mask, w.wg.lds
+                vals = read(lds, lds.size, 0, w.v[addr_r].astype(np.int64), act)
                 writer = _lane_writer(d_r, ndw, vals, act, w.exec_all)
                 w.issue(Pending("lds", off, lgkm_w, (), writer, w.time))
                 return nxt
 
-            def dsread_gang(g):  # one gather per workgroup's members (they share its LDS)
+            def dsread_gang(g):  # one gather for every member, each lane its workgroup's LDS
                 base, act = g.v[addr_r].astype(np.int64), g.exec_mask
-                for lo, hi in g.workgroups():
-                    lanes = slice(lo * LANES, hi * LANES)
-                    vals = read(g.waves[lo].wg.lds, base[lanes], act[lanes])
-                    _issue_each(g, lo, hi, "lds", off, lgkm_w, d_r, ndw, vals)
+                flat, first = g.lds_lanes()
+                vals = read(flat, g.waves[0].wg.lds.size, first, base, act)
+                _issue_each(g, 0, len(g.waves), "lds", off, lgkm_w, d_r, ndw, vals)
                 return nxt
 
             self.gang_able(rs, gang_step=dsread_gang)
@@ -1194,20 +1194,22 @@ class Compiler:
                     _lds_scatter(w.wg.lds, base + o, act, _lane_bytes(w.v, r, n))
                 return nxt
 
-            def dswrite_gang(g):  # one scatter per workgroup, its members in schedule order
+            def dswrite_gang(g):  # one scatter for every member, in schedule order
                 act = g.exec_mask
                 base = g.v[addr_r].astype(np.int64)
-                lds0 = g.waves[0].wg.lds  # one kernel: every workgroup's LDS has its size
+                size = g.waves[0].wg.lds.size  # one kernel: every workgroup's LDS has its size
+                flat, first = g.lds_lanes()
                 writes = []
                 for o, r, n in parts:
                     addr = (base + o) & M32
-                    _lds_check(lds0, addr, act, n)  # every fault before any write
-                    writes.append((addr, _lane_bytes(g.v, r, n)))
-                for lo, hi in g.workgroups():
-                    lanes = _schedule_lanes(g.waves, lo, hi)
-                    lanes = lanes[act[lanes]]
-                    for addr, data in writes:
-                        _lds_put(g.waves[lo].wg.lds, addr, lanes, data)
+                    _lds_check(size, addr, act, n)  # every fault before any write
+                    writes.append((addr + first, _lane_bytes(g.v, r, n)))
+                # members of different workgroups write different rows: only the order within
+                # a workgroup matters, and the schedule's order of all of them keeps it
+                lanes = _schedule_lanes(g.waves, 0, len(g.waves))
+                lanes = lanes[act[lanes]]
+                for addr, data in writes:
+                    _lds_put(flat, addr, lanes, data)
                 return nxt
 
             self.gang_able(rs, gang_step=dswrite_gang)
@@ -1518,8 +1520,7 @@ def _extend(raw: np.ndarray, signed: bool, ndw: int) -> np.ndarray:
     return v.reshape(-1, 1)
 
 
-def _lds_check(lds: np.ndarray, addr: np.ndarray, act: np.ndarray, n: int) -> None:
-    size = lds.size
+def _lds_check(size: int, addr: np.ndarray, act: np.ndarray, n: int) -> None:
     bad = act & ((addr < 0) | (addr + n > size))
     if bad.any():
         lane = int(np.flatnonzero(bad)[0])
@@ -1531,16 +1532,19 @@ def _lds_check(lds: np.ndarray, addr: np.ndarray, act: np.ndarray, n: int) -> No
         )
 
 
-def _lds_gather(lds: np.ndarray, addr: np.ndarray, act: np.ndarray, n: int) -> np.ndarray:
+def _lds_gather(lds: np.ndarray, size: int, first: np.ndarray | int, addr: np.ndarray,
+                act: np.ndarray, n: int) -> np.ndarray:  # fmt: skip
+    """Each active lane's ``n`` bytes at ``addr`` of its workgroup's ``size`` bytes of LDS,
+    which start at ``first`` (per lane, or one for all) in ``lds``; inactive lanes read 0."""
     addr = addr & M32  # ADDR + OFFSET is a 32-bit sum (a negative base plus an offset is fine)
-    _lds_check(lds, addr, act, n)
-    safe = np.where(act, addr, 0)
+    _lds_check(size, addr, act, n)
+    safe = np.where(act, addr, 0) + first
     return lds[safe[:, None] + np.arange(n)] * act[:, None].astype(np.uint8)
 
 
 def _lds_scatter(lds: np.ndarray, addr: np.ndarray, act: np.ndarray, data: np.ndarray) -> None:
     addr = addr & M32  # as in _lds_gather
-    _lds_check(lds, addr, act, data.shape[1])
+    _lds_check(lds.size, addr, act, data.shape[1])
     _lds_put(lds, addr, np.flatnonzero(act), data)
 
 

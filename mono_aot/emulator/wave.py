@@ -79,9 +79,12 @@ LATENCY = {"vm": 500, "lds": 64, "smem": 200}
 class Workgroup:
     __slots__ = ("id", "lds", "waves", "arrived", "launch")
 
-    def __init__(self, wid: int, lds_bytes: int, launch: object) -> None:
+    def __init__(self, wid: int, lds: int | np.ndarray, launch: object) -> None:
+        """``lds``: its bytes, or their size. The machine passes row ``wid`` of its launch's
+        one array of every workgroup's LDS, which a gang's LDS access reads or writes as one
+        (``gang.Gang.lds_lanes``)."""
         self.id = wid
-        self.lds = np.zeros(lds_bytes, dtype=np.uint8)
+        self.lds = np.zeros(lds, dtype=np.uint8) if isinstance(lds, int) else lds
         self.waves: list[Wave] = []
         self.arrived: list[Wave] = []
         self.launch = launch
