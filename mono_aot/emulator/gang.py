@@ -67,17 +67,9 @@ class Gang:
         start in it: an LDS access of the whole gang is then one gather or one scatter (the
         workgroups of a launch are rows of one array, ``Machine._dispatch``)."""
         if self._lds is None:
-            wg0 = self.waves[0].wg
-            size, rows = wg0.lds.size, wg0.lds.base
-            if rows is None:  # a workgroup made on its own (a test's): its members only
-                if any(w.wg is not wg0 for w in self.waves):
-                    raise ValueError("a gang spans workgroups whose LDS is not one array")
-                flat, first = wg0.lds, np.zeros(self.lanes, dtype=np.int64)
-            else:
-                flat = rows.reshape(-1)
-                ids = np.array([w.wg.id for w in self.waves], dtype=np.int64)
-                first = np.repeat(ids * size, LANES)
-            self._lds = (flat, first)
+            rows = self.waves[0].wg.lds_rows
+            ids = np.array([w.wg.id for w in self.waves], dtype=np.int64)
+            self._lds = (rows.reshape(-1), np.repeat(ids * rows.shape[1], LANES))
         return self._lds
 
     def lane_mask(self, read: Callable[[Wave], int]) -> np.ndarray:

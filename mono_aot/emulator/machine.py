@@ -378,7 +378,7 @@ class Machine:
         ln.lds = np.zeros((ln.grid, lds), dtype=np.uint8)
         for wg_id in range(ln.grid):
             t = at + int(round(ln.hold.get(wg_id, 0.0) * CLOCK_HZ))
-            wg = Workgroup(wg_id, ln.lds[wg_id], ln)
+            wg = Workgroup(wg_id, ln.lds, ln)
             ln.workgroups.append(wg)
             for i in range(nw):
                 col = len(waves) * LANES

@@ -1131,7 +1131,7 @@ class Compiler:
             def xchg_gang(g):  # every member's lanes at once, each its own access in flight
                 n = len(g.waves)
                 out = exchange(g.v[data_r], sources(g, n), g.exec_mask)
-                _issue_each(g, 0, n, "lds", off, lgkm_w, d_r, 1, out)
+                _issue_each(g, "lds", off, lgkm_w, d_r, 1, out)
                 return nxt
 
             self.gang_able(rs, gang_step=xchg_gang)
@@ -1169,7 +1169,7 @@ class Compiler:
                 base, act = g.v[addr_r].astype(np.int64), g.exec_mask
                 flat, first = g.lds_lanes()
                 vals = read(flat, g.waves[0].wg.lds.size, first, base, act)
-                _issue_each(g, 0, len(g.waves), "lds", off, lgkm_w, d_r, ndw, vals)
+                _issue_each(g, "lds", off, lgkm_w, d_r, ndw, vals)
                 return nxt
 
             self.gang_able(rs, gang_step=dsread_gang)
@@ -1274,7 +1274,7 @@ class Compiler:
                 return nxt
 
             def gload_gang(g):
-                _issue_each(g, 0, len(g.waves), "vm", off, vm_w, d_r, ndw, load(g))
+                _issue_each(g, "vm", off, vm_w, d_r, ndw, load(g))
                 return nxt
 
             self.gang_able(rs, gang_step=gload_gang)
@@ -1427,38 +1427,26 @@ def _lane_writer(row: int, n: int, vals: np.ndarray, act: np.ndarray, full: bool
     return apply
 
 
-def _issue_each(g, lo: int, hi: int, kind: str, off: int, rows: tuple[int, ...], d_r: int,
-                ndw: int, vals: np.ndarray) -> None:  # fmt: skip
-    """Put a gang's load in flight in each member ``lo..hi-1`` (``vals``: their lanes'
-    values, in order): its own access, retired by its own waits, as if it had run alone.
+def _issue_each(g, kind: str, off: int, rows: tuple[int, ...], d_r: int, ndw: int,
+                vals: np.ndarray) -> None:  # fmt: skip
+    """Put a gang's load in flight in each member (``vals``: the gang's lanes' values): its
+    own access, retired by its own waits, as if it had run alone.
 
     The members' records share one writer, which the first of them to retire runs for all:
     one copy of the gang's lanes instead of one per member. Writing a member's destination
     before its own wait changes nothing it can see, since reading or writing a register a
     load in flight writes is a fault (``Wave.hazard``) until its own wait retires the load."""
-    cols = slice(lo * LANES, hi * LANES)
-    act = g.exec_mask[cols]
-    write = _lane_writer(d_r, ndw, vals, act, bool(act.all()))
-    dst = _Columns(g.v[:, cols])
+    write = _lane_writer(d_r, ndw, vals, g.exec_mask, g.exec_all)
     done = False
 
     def apply(_w: Wave) -> None:
         nonlocal done
         if not done:
             done = True
-            write(dst)
+            write(g)
 
-    for w in g.waves[lo:hi]:
+    for w in g.waves:
         w.issue(Pending(kind, off, rows, (), apply, w.time))
-
-
-class _Columns:
-    """The registers of a run of gang members, as the ``v`` a retire-time writer fills."""
-
-    __slots__ = ("v",)
-
-    def __init__(self, v: np.ndarray) -> None:
-        self.v = v
 
 
 def _first_lane(w) -> int:

@@ -77,14 +77,15 @@ LATENCY = {"vm": 500, "lds": 64, "smem": 200}
 
 
 class Workgroup:
-    __slots__ = ("id", "lds", "waves", "arrived", "launch")
+    __slots__ = ("id", "lds", "lds_rows", "waves", "arrived", "launch")
 
-    def __init__(self, wid: int, lds: int | np.ndarray, launch: object) -> None:
-        """``lds``: its bytes, or their size. The machine passes row ``wid`` of its launch's
-        one array of every workgroup's LDS, which a gang's LDS access reads or writes as one
+    def __init__(self, wid: int, lds_rows: np.ndarray, launch: object) -> None:
+        """``lds_rows``: its launch's one array of every workgroup's LDS, row ``wid`` its
+        own, so that a gang's LDS access reads or writes all of them as one
         (``gang.Gang.lds_lanes``)."""
         self.id = wid
-        self.lds = np.zeros(lds, dtype=np.uint8) if isinstance(lds, int) else lds
+        self.lds_rows = lds_rows
+        self.lds = lds_rows[wid]
         self.waves: list[Wave] = []
         self.arrived: list[Wave] = []
         self.launch = launch

@@ -113,7 +113,7 @@ G = 3  # waves in each gang the instructions are checked on
 
 
 def _waves(k, regs: np.ndarray, svals: list[list[int]], execs: list[int]) -> list[Wave]:
-    wg = Workgroup(0, 0, None)
+    wg = Workgroup(0, np.zeros((1, 0), np.uint8), None)
     out = []
     for j in range(G):
         w = Wave(wg, j, k.vregs, k.accum, 0, regs[:, j * LANES : (j + 1) * LANES])
