@@ -125,9 +125,14 @@ class DenseDrafter:
         group = c.heads // c.kv_heads
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
-        scores = torch.einsum("thd,shd->hts", q, k) / (c.head_dim**0.5)
-        probs = scores.softmax(dim=-1)
+        probs = self._probs(q, k)
         return torch.einsum("hts,shd->thd", probs, v).reshape(t, c.heads * c.head_dim)
+
+    def _probs(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """q: [t, heads, d]; k: [s, heads, d] -> the attention's probabilities [heads, t, s]
+        (its own method so that a test can look at them, ``tests/reference/test_problem.py``)."""
+        scores = torch.einsum("thd,shd->hts", q, k) / (self.cfg.head_dim**0.5)
+        return scores.softmax(dim=-1)
 
     def forward(
         self,

@@ -21,17 +21,13 @@ class _Recording(DenseDrafter):
     shift = False
     probs: list[torch.Tensor]
 
-    def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        c = self.cfg
-        if k.shape[0] == 0:
-            return q.new_zeros(q.shape[0], c.heads * c.head_dim)
-        group = c.heads // c.kv_heads
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        if self.shift:
-            v = v.roll(-1, dims=0)
-        p = (torch.einsum("thd,shd->hts", q, k) / c.head_dim**0.5).softmax(dim=-1)
+    def _probs(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        p = super()._probs(q, k)
         self.probs.append(p)
-        return torch.einsum("hts,shd->thd", p, v).reshape(q.shape[0], -1)
+        return p
+
+    def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return super()._attention(q, k, v.roll(-1, dims=0) if self.shift else v)
 
 
 def _run(prob, shift: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
