@@ -1,4 +1,5 @@
-"""Suite-wide: tests marked ``rocm`` need a ROCm device and are skipped without one."""
+"""Suite-wide: tests marked ``rocm`` need a ROCm device and are skipped without one; tests
+marked ``background`` judge an emulation the session starts at its first test, and run last."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ def rocm_device_reason() -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # the background emulation's judges last: they wait for it while nothing else is left
+    items.sort(key=lambda item: "background" in item.keywords)
     reason = rocm_device_reason()
     if reason is None:
         return
@@ -29,6 +32,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "rocm" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shipped_step(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """The shipped layout's one CI launch (``tests/emulator/shipped_step.py``), started in the
+    background at the session's first test when a selected test judges it; else None."""
+    from tests.emulator.shipped_step import ShippedStep, wanted
+
+    if not wanted(request.session.items):
+        yield None
+        return
+    step = ShippedStep()
+    step.start(tmp_path_factory)
+    yield step
+    step.stop()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """What the background emulation cost, from its judge's ``cost`` property."""
+    for reports in terminalreporter.stats.values():
+        for r in reports:
+            for name, value in getattr(r, "user_properties", ()):
+                if name == "cost" and getattr(r, "when", "") == "call":
+                    terminalreporter.write_line(f"{r.nodeid}: {value}")
 
 
 SHIPPED_CASES = [(v, a) for a in ("gfx942", "gfx950") for v in ("narrow", "wide")]
