@@ -44,14 +44,15 @@ EMULATED_WAIT_S = 0.002
 # The emulated time a launch of a small layout may take at most (the small layout's take
 # 0.1-0.3 ms): a rank gives up on a dead peer within its wait bound plus this.
 EMULATED_LAUNCH_S = 0.001
-# What a launch costs the emulator, measured on the shipped layout's gfx942 kernels on this
-# project's 2-core build host (README, "Emulator"): wave-instructions per byte of one rank's fp8
-# weights (4 ranks; 440 M for a narrow step, about 230 M for a wide one), wave-instructions a
-# second on one idle core, and resident bytes per model weight (5.6 GB at 1.67 G weights, the
-# model held as fp8 codes and scales: reference.random_packed_model).
-INSTRUCTIONS_PER_WEIGHT_BYTE = {"narrow": 0.264, "wide": 0.138}
-INSTRUCTIONS_PER_SECOND = {"narrow": 270_000, "wide": 80_000}
-BYTES_PER_WEIGHT = 3.4
+# What a launch costs the emulator, measured on the shipped layout's kernels on this project's
+# 2-core build host (README, "Emulator"): wave-instructions per byte of one rank's fp8 weights
+# (4 ranks; a 1-request narrow step 440 M on gfx942 and 419 M on gfx950, a 3-request wide step
+# 236 M and 181 M), wave-instructions a second on one idle core (narrow 517-531 k, wide 225-239 k)
+# and resident bytes per model weight (peak 5.9-7.45 GB at 1.67 G weights, the model held as
+# fp8 codes and scales: reference.random_packed_model).
+INSTRUCTIONS_PER_WEIGHT_BYTE = {"narrow": 0.264, "wide": 0.142}
+INSTRUCTIONS_PER_SECOND = {"narrow": 520_000, "wide": 230_000}
+BYTES_PER_WEIGHT = 4.5
 PROGRESS_EVERY = 5_000_000  # wave-instructions between two progress lines on a terminal
 TEST_LAYOUT = "emulator-tiny-tp4"  # the small layout shipped for the emulator (layouts/)
 

@@ -47,7 +47,7 @@ def test_refusals_are_one_line_and_exit_2(args, expect):
 
 def test_the_expected_cost_of_a_launch_follows_the_layout():
     """The shipped layout's figures are the measured ones they are calibrated on (a narrow
-    step: 440 M wave-instructions, peak 5.6 GB); the tiny layout costs a small fraction."""
+    step: 440 M wave-instructions, peak up to 7.45 GB); the tiny layout costs a small fraction."""
     from mono_aot.selftest.emulated import launch_costs
     from mono_aot.spec.layouts import resolve_layout
 
@@ -57,7 +57,7 @@ def test_the_expected_cost_of_a_launch_follows_the_layout():
     tiny = {c.variant: c for c in launch_costs(resolve_layout("emulator-tiny-tp4"), "gfx942")}
     assert shipped["narrow"].waves == 304 * 8
     assert 430e6 < shipped["narrow"].instructions < 450e6
-    assert 5e9 < shipped["narrow"].memory_bytes < 6.5e9
+    assert 7e9 < shipped["narrow"].memory_bytes < 8e9
     assert "2,432 waves a device" in shipped["narrow"].describe()
     assert tiny["narrow"].instructions < shipped["narrow"].instructions / 10
     assert tiny["wide"].seconds < shipped["wide"].seconds / 10
