@@ -219,7 +219,6 @@ class Bench:
         self._venv: Path | None | bool = False
         self.hip = "none"
         self.bind_from = "-"
-        self.flydsl_stop = ""
         self._n = 0
         self.user_cache = tmp / "user-cache"  # the digest cache and nothing else
         self.base_env = self._base_env()
@@ -381,7 +380,6 @@ class Bench:
             suffix = "" if i == 0 else f"@{version}"  # this interpreter's names stay as before
             for arch in ARCHS:
                 self._flydsl_arch(python, f"FlyDSL {version}", suffix, arch, variants, rocm)
-        self.flydsl_stop = NOT_MEASURED[2]["why"]
 
     def _flydsl_arch(
         self, python: str, fly: str, suffix: str, arch: str, variants: list[str], rocm: Path

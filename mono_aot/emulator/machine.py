@@ -618,8 +618,3 @@ class Machine:
                 waiting.append(f"workgroup {wg.id} wave {w.index} at s_barrier 0x{off:x}")
         return (f"{k.name} on device {ln.device}: {ln.live} waves never finish: "
                 + ", ".join(waiting[:4]))  # fmt: skip
-
-
-def emulator_ops() -> Mapping[str, Callable]:
-    """The lane operations this build provides (for reports)."""
-    return _lane_ops()

@@ -62,7 +62,6 @@ from mono_aot.emulator.wave import (
 Step = Callable[[Wave], int]
 M32 = 0xFFFFFFFF
 M64 = (1 << 64) - 1
-LANE = np.arange(LANES)
 SHARED_APERTURE_HI = 0x10000  # src_shared_base: the flat address of LDS is this << 32
 PRIVATE_APERTURE_HI = 0x20000
 _U32 = np.uint32
@@ -177,7 +176,6 @@ class Compiler:
         self.dk = dk
         self.index = {inst.offset: i for i, inst in enumerate(dk.instructions)}
         self.out = Compiled()
-        self.lds_size_hint = 0
 
     # ---- registers
     def vrow(self, o: Operand) -> int:
@@ -1599,7 +1597,6 @@ _OWN: dict[str, Callable] = {
     "v_permlane32_swap_b32": Compiler.permlane_swap,
     "v_nop": Compiler.nop,
 }
-OWN_OPS = frozenset(_OWN)
 
 
 def compile_kernel(cfg: Config, dk: DecodedKernel) -> Compiled:

@@ -17,7 +17,7 @@ from mono_aot.store.entry import (
 from mono_aot.store.gc import Cleared, GcPlan, Removal
 from mono_aot.store.layer import Hit, Layer, Problem, StoreReadOnly, check_key
 from mono_aot.store.lock import LockTimeout
-from mono_aot.store.store import Listed, Store, VerifyReport, resolve_prefix
+from mono_aot.store.store import Listed, Store, VerifyReport
 
 __all__ = [
     "ENTRY_SCHEMA_VERSION",
@@ -38,5 +38,4 @@ __all__ = [
     "check_key",
     "decode_entry",
     "encode_entry",
-    "resolve_prefix",
 ]

@@ -266,8 +266,3 @@ class Store:
 
 def _real(p: Path) -> str:
     return os.path.realpath(p)
-
-
-def resolve_prefix(prefix: str, store: Store | None = None) -> str:
-    """``Store.resolve_prefix`` on the default store unless one is given."""
-    return (store or Store.default()).resolve_prefix(prefix)
