@@ -46,7 +46,7 @@ STAND_IN_ARCH_NAME = {"gfx942": "gfx942:sramecc+:xnack-", "gfx950": "gfx950:sram
 _SCRUB = ("FLYDSL_", "HIP_", "ROC", "HSA_", "AMD_", "MONO_AOT_")
 _SCRUB_EXACT = ("ARCH", "COMPILE_ONLY", "ROCM_PATH", "PYTHONPATH")
 
-# Targets of issue 13 (per rank; measured per arch).
+# The serving start-up targets the bench reports against (per rank; measured per arch).
 TARGET_BIND_CPU_S = 0.002
 # in-process bind repeats: each loads 2 modules, and the stand-in HIP library holds 64
 BIND_REPEATS = 30

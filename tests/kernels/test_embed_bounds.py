@@ -1,5 +1,5 @@
-"""Host-side checks of index maps the drafter kernel body computes on the device (reviewer's
-tests: each one mirrors one map of mono_aot/kernels and would have caught a bug found in it)."""
+"""Host-side checks of index maps the drafter kernel body computes on the device (each one
+mirrors one map of mono_aot/kernels and would have caught a bug found in it)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""K3's MFMA GEMM phase (mono_aot/kernels/mfma.py).
+"""The wide kernel's MFMA GEMM phase (mono_aot/kernels/mfma.py).
 
 Three kinds of evidence, none needing a GPU except the last:
 - the tiling plans of the shipped layout (row split, LDS, chunking) and their input checks;
@@ -271,7 +271,7 @@ def test_emulated_phase_matches_torch(case):
 # ---------------------------------------------------------------------------------------------
 
 PROVIDER = '''
-"""Test provider: K3's standalone four-projection MFMA kernel."""
+"""Test provider: the MFMA GEMM phase alone, as a four-projection kernel."""
 from mono_aot.kernels import mfma
 
 import flydsl.compiler as flyc
