@@ -89,10 +89,15 @@ def package_of(module: str) -> str | None:
     return parts[1] if len(parts) > 1 and module not in ROOT_MODULES else None
 
 
+def import_graph(package_dir: Path) -> dict[str, set[str]]:
+    """``mono_aot.x.y`` -> the ``mono_aot`` modules it imports, for every module."""
+    modules = module_files(package_dir)
+    return {m: imports_of(m, p, modules) for m, p in modules.items()}
+
+
 def violations(package_dir: Path) -> list[str]:
     """Every import that breaks ``ALLOWED``, and every import cycle, one line each."""
-    modules = module_files(package_dir)
-    graph = {m: imports_of(m, p, modules) for m, p in modules.items()}
+    graph = import_graph(package_dir)
     problems = []
     for m, deps in sorted(graph.items()):
         src = package_of(m)
@@ -114,12 +119,11 @@ def violations(package_dir: Path) -> list[str]:
 def unused_allowances(package_dir: Path) -> list[str]:
     """Every edge ``ALLOWED`` permits that no module takes: a rule that allows what nobody
     does is a door left open, so the table says exactly what the code imports."""
-    modules = module_files(package_dir)
     used: dict[str, set[str]] = {src: {src} for src in ALLOWED}
-    for m, p in modules.items():
+    for m, deps in import_graph(package_dir).items():
         src = package_of(m)
         if src in used:
-            used[src].update(filter(None, map(package_of, imports_of(m, p, modules))))
+            used[src].update(filter(None, map(package_of, deps)))
     return [f"{src} may import {dst}, which none of its modules does"
             for src in sorted(ALLOWED) for dst in sorted(ALLOWED[src] - used[src])]  # fmt: skip
 

@@ -5,10 +5,12 @@ FlyDSL's ISA listing of the same compile; and the wrong-index build of the small
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -67,3 +69,37 @@ def stored_kernels(
     hits = {v: Store.at(root).lookup(served_key(v, lay, arch)) for v in variants or lay.variants()}
     assert all(h is not None for h in hits.values()), hits
     return root, hits
+
+
+def emulate_env(tmp_path: Path, stores: Sequence[Path]) -> dict[str, str]:
+    """The environment of a ``mono-aot emulate`` run on prebuilt kernels: ``stores`` served,
+    a cache of its own under ``tmp_path`` (nothing is built: all prebuilt) and strict mode."""
+    return {
+        **os.environ,
+        "MONO_AOT_PATH": os.pathsep.join(map(str, stores)),
+        "MONO_AOT_CACHE_DIR": str(tmp_path / "cache"),
+        "MONO_AOT_STRICT": "1",
+    }
+
+
+@dataclass(frozen=True)
+class Result:
+    """A finished ``mono-aot emulate --json``: exit code, the document, stderr."""
+
+    code: int
+    doc: dict
+    err: str
+
+    @classmethod
+    def of(cls, code: int, out: str, err: str) -> Result:
+        return cls(code, json.loads(out) if out.strip() else {}, err)
+
+    def why(self) -> str:
+        return self.err + json.dumps(self.doc, indent=1)
+
+    def only_case(self, check: str) -> dict:
+        """The one check's one case, after asserting it is the check asked for."""
+        (c,) = self.doc["checks"]
+        assert c["check"] == check, self.why()
+        (case,) = c["cases"]
+        return case

@@ -14,8 +14,6 @@ as soon as its first test runs; each test then waits for its own (``-k`` selects
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -28,7 +26,7 @@ import pytest
 from mono_aot.selftest.cases import TOLERANCE
 from mono_aot.spec import abi
 from tests.conftest import TINY_LAYOUT, sigint_to_threads, threads_of
-from tests.emulator.conftest import stored_kernels
+from tests.emulator.conftest import Result, emulate_env, stored_kernels
 from tests.emulator.wrong_index import PROVIDER_DIR, PROVIDER_MODULE
 
 # a test may wait for the emulations queued before its own (the module's whole run, at most)
@@ -59,36 +57,13 @@ EMULATIONS = {
 }
 
 
-@dataclass(frozen=True)
-class Result:
-    code: int
-    doc: dict
-    err: str
-
-    def why(self) -> str:
-        return self.err + json.dumps(self.doc, indent=1)
-
-    def only_case(self, check: str) -> dict:
-        """The one check's one case, after asserting it is the check asked for."""
-        (c,) = self.doc["checks"]
-        assert c["check"] == check, self.why()
-        (case,) = c["cases"]
-        return case
-
-
 def emulate(tmp_path: Path, stores: list[Path], arch: str, *args: str) -> Result:
-    env = {
-        **os.environ,
-        "MONO_AOT_PATH": os.pathsep.join(map(str, stores)),
-        "MONO_AOT_CACHE_DIR": str(tmp_path / "cache"),  # nothing is built here: all prebuilt
-        "MONO_AOT_STRICT": "1",
-    }
     p = subprocess.run(
         [sys.executable, "-m", "mono_aot", "emulate", "--json", "--arch", arch, *args],
-        capture_output=True, text=True, timeout=3600, env=env, stdin=subprocess.DEVNULL,
+        capture_output=True, text=True, timeout=3600, env=emulate_env(tmp_path, stores),
+        stdin=subprocess.DEVNULL,
     )  # fmt: skip
-    doc = json.loads(p.stdout) if p.stdout.strip() else {}
-    return Result(p.returncode, doc, p.stderr)
+    return Result.of(p.returncode, p.stdout, p.stderr)
 
 
 @pytest.fixture(scope="module")
@@ -199,8 +174,7 @@ def test_ctrl_c_stops_an_emulation_whichever_thread_gets_it(tmp_path, tiny_store
     main thread used to wait for the ranks without waking, and exited only after them)."""
     import time
 
-    env = {**os.environ, "MONO_AOT_PATH": os.pathsep.join(map(str, tiny_stores)),
-           "MONO_AOT_CACHE_DIR": str(tmp_path / "cache"), "MONO_AOT_STRICT": "1"}  # fmt: skip
+    env = emulate_env(tmp_path, tiny_stores)
     log = tmp_path / "stderr"
     with log.open("w") as err:
         proc = subprocess.Popen(

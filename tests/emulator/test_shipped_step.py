@@ -6,8 +6,6 @@ step on 4 emulated ranks through the runtime's runner, judged against the float6
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from mono_aot.selftest.cases import TOLERANCE
@@ -16,12 +14,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.background, pytest.mark.timeout(4 * 
 
 
 def test_the_shipped_narrow_step_passes_against_the_reference(shipped_step, record_property):
-    code, doc, err = shipped_step.future.result()
-    why = err + json.dumps(doc, indent=1)
-    assert code == 0 and doc["ok"], why
-    (check,) = doc["checks"]
-    (case,) = check["cases"]
-    assert check["check"] == "narrow" and case["launches"] == "narrow 1", why
+    r = shipped_step.future.result()
+    doc, why = r.doc, r.why()
+    assert r.code == 0 and doc["ok"], why
+    case = r.only_case("narrow")
+    assert case["launches"] == "narrow 1", why
     assert case["max_rel_error"] <= TOLERANCE and case["kv_bad_bytes"] == 0, why
     assert case["health"] == ["ok"] * 4, why
     # every rank ran the whole step: a shipped narrow step is about 440 million
