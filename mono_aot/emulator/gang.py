@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from mono_aot.emulator.wave import EXEC_HI, EXEC_LO, LANES, Wave, mask_of
+from mono_aot.emulator.wave import EXEC_HI, EXEC_LO, LANES, Counters, Pending, Wave, mask_of
 
 
 class Gang:
@@ -106,6 +106,55 @@ class Gang:
         if execs:
             self.sync_exec()
 
+    def counters(self) -> Counters | None:
+        """The one ``Counters`` every member holds, and no other wave does: a gang's access
+        is then issued, and its wait retires, once for all (``wave.Counters``). Members whose
+        own counters hold the same records (they issued and retired the same accesses since
+        they last parted) are given one shared copy first. None when the members' accesses in
+        flight differ: each then issues and waits on its own."""
+        waves = self.waves
+        first = waves[0].mc
+        if first.users == len(waves) and all(w.mc is first for w in waves):
+            return first
+        if not all(w.mc is first or w.mc.same(first) for w in waves):
+            return None
+        c = first.copy(users=len(waves))
+        for w in waves:
+            w.mc.users -= 1
+            w.mc = c
+        return c
+
+    def issue(self, p: Pending) -> None:
+        """Put the gang's access ``p`` in flight in every member (one record for all)."""
+        c = self.counters()
+        if c is not None:
+            c.issue(p)
+        else:
+            for w in self.waves:
+                w.issue(p)
+        self._pend = None
+
+    def wait(self, vm: int, lgkm: int) -> bool:
+        """Every member's ``s_waitcnt vmcnt(vm) lgkmcnt(lgkm)``; True when any member had
+        anything outstanding (every member then yields)."""
+        waves = self.waves
+        c = self.counters()
+        if c is None:
+            waited = False
+            for w in waves:
+                waited |= w.wait(vm, lgkm)
+        else:
+            waited = c.outstanding(vm, lgkm)
+            if waited:
+                done = c.wait(vm, lgkm, waves[0])
+                for w in waves:
+                    for p in done:
+                        t = p.completes(w)
+                        if t > w.time:
+                            w.time = t
+        self._pend = None
+        return waited
+
     def clear_of_loads(self, touch_v: frozenset[int], touch_s: frozenset[int]) -> bool:
         """Whether no member has a load in flight to a register the instruction touches (if
         one has, the members step alone, and ``Wave.hazard`` names the register).
@@ -113,14 +162,17 @@ class Gang:
         Why a union: asked of every member, this was an eighth of a shipped-layout run (a gang
         has about 2,000 members and the GEMVs keep loads in flight). The union of the members'
         registers in flight changes only where an access is issued or retired, after which the
-        machine calls ``loads_changed``."""
+        machine calls ``loads_changed``; members sharing one ``Counters`` count once."""
         if self._pend is None:
             pv: set[int] = set()
             ps: set[int] = set()
+            seen = None
             for w in self.waves:
-                if w.npend:
-                    pv.update(w.pend_v)
-                    ps.update(w.pend_s)
+                c = w.mc
+                if c is not seen and (c.pend_v or c.pend_s):
+                    seen = c
+                    pv.update(c.pend_v)
+                    ps.update(c.pend_s)
             self._pend = (pv, ps)
         pv, ps = self._pend
         return (not pv or touch_v.isdisjoint(pv)) and (not ps or touch_s.isdisjoint(ps))

@@ -58,6 +58,7 @@ __all__ = ["EmulatorError", "Launch", "LaunchStats", "LoadedKernel", "Machine", 
 CLOCK_HZ = 2.1e9
 CYCLES_PER_INSTRUCTION = 4
 QUANTUM = 64
+PARKED = -1  # ``Wave.seq`` of a wave waiting under its gang's entry (``Machine._run``)
 
 
 class EmulatorError(RuntimeError):
@@ -282,7 +283,9 @@ class Machine:
 
     def _run(self, max_instructions: int | None) -> RunStats:
         t0 = _time.perf_counter()
-        heap: list[tuple[int, float, int, Wave]] = []
+        # (clock, tie, seq, wave, parked): ``parked`` the rest of a gang that still waits at
+        # one instruction, under the entry of its earliest member (``park``)
+        heap: list[tuple[int, float, int, Wave, tuple[Wave, ...] | None]] = []
         seq = 0
         active: dict[int, Launch | None] = {d: None for d in range(self.devices)}
         wave_launch: dict[int, Launch] = {}
@@ -296,7 +299,27 @@ class Machine:
             seq += 1
             w.seq = seq  # the wave's live entry: a gang takes waves out by zeroing it
             w.tie = float(rng.random())
-            heapq.heappush(heap, (w.time, w.tie, seq, w))
+            heapq.heappush(heap, (w.time, w.tie, seq, w, None))
+
+        def park(ready: list[Wave]) -> None:
+            """Put the members of a gang that ran back in the schedule as one entry, that of
+            the earliest: the others wait under it (``seq`` PARKED), and its gang takes them
+            along again (``_gang_of``) or puts each back in the schedule on its own (``unpark``).
+            Why: a gang of 2,000 members pushed and popped one by one was a tenth of a
+            shipped-layout run, and the earliest member's entry is the one popped first."""
+            nonlocal seq
+            lead = min(ready, key=lambda x: (x.time, x.tie))
+            for x in ready:
+                x.seq = PARKED
+            seq += 1
+            lead.seq = seq
+            lead.tie = float(rng.random())
+            heapq.heappush(heap, (lead.time, lead.tie, seq, lead, tuple(ready)))
+
+        def unpark(parked: tuple[Wave, ...]) -> None:
+            for x in parked:
+                if x.seq == PARKED:
+                    push(x)
 
         def start_next(dev: int, at: int) -> None:
             while self.queues[dev]:
@@ -320,8 +343,10 @@ class Machine:
         next_report = every
         try:
             while heap:
-                _, _, sq, w = heapq.heappop(heap)
+                _, _, sq, w, parked = heapq.heappop(heap)
                 if sq != w.seq:
+                    if parked is not None:
+                        unpark(parked)  # its lead ran in another gang since
                     continue  # the wave ran in a gang since: its newer entry is in the heap
                 w.seq = 0
                 ln = wave_launch[id(w)]
@@ -329,25 +354,35 @@ class Machine:
                 if limit is not None:
                     q = max(1, min(q, limit - executed))
                 members = self._gang_of(w, ln) if self.gangs else (w,)
+                if parked is not None:
+                    unpark(parked)  # those its gang did not take along now
                 if len(members) == 1:
                     n = self._step(w, ln, q)
                 else:
                     n = self._step_gang(members, ln, q)
+                ready = []
                 for m in members:
                     executed += n
                     ln.stats.instructions += n
                     blk = m.block
                     if blk is None:
-                        push(m)
+                        ready.append(m)
                     elif blk == "barrier":
                         self._arrive(m, push)
                     elif blk == "end":
                         self._end(m, ln, push, start_next)
+                if len(ready) > 1 and all(m.pc == ready[0].pc for m in ready):
+                    park(ready)
+                else:
+                    for m in ready:
+                        push(m)
                 if report is not None and executed >= next_report:
                     next_report = executed + every
                     report(executed, _time.perf_counter() - t0)
                 if limit is not None and executed >= limit and heap:
                     live = [e for e in heap if e[2] == e[3].seq]
+                    live += [(x.time, 0.0, 0, x, None) for e in live if e[4] for x in e[4]
+                             if x.seq == PARKED]  # fmt: skip
                     raise EmulatorError(
                         f"instruction limit {limit} reached with {len(live)} waves still running"
                         f" ({self._where(live)})"
@@ -375,10 +410,11 @@ class Machine:
         sg = k.descriptor.initial_sgprs()
         waves = ln.waves
         ln.regs = regs = np.zeros((k.vregs, ln.grid * nw * LANES), dtype=np.uint32)
-        ln.lds = np.zeros((ln.grid, lds), dtype=np.uint8)
+        # rows a whole number of dwords apart, so that aligned LDS reads gather dwords
+        ln.lds = np.zeros((ln.grid, -(-lds // 4) * 4), dtype=np.uint8)
         for wg_id in range(ln.grid):
             t = at + int(round(ln.hold.get(wg_id, 0.0) * CLOCK_HZ))
-            wg = Workgroup(wg_id, ln.lds, ln)
+            wg = Workgroup(wg_id, ln.lds, ln, lds)
             ln.workgroups.append(wg)
             for i in range(nw):
                 col = len(waves) * LANES
@@ -587,7 +623,7 @@ class Machine:
             wg.arrived = []
 
     def _end(self, w: Wave, ln: Launch, push, start_next) -> None:
-        if w.npend or w.vmq or w.lgkmq:
+        if w.in_flight():
             w.wait(0, 0)  # s_endpgm lets outstanding accesses complete
         self._maybe_release(w.wg, push)
         ln.live -= 1
@@ -602,7 +638,7 @@ class Machine:
 
     def _where(self, heap) -> str:
         parts = []
-        for _, _, _, w in sorted(heap, key=lambda e: e[0])[:4]:
+        for _, _, _, w, _ in sorted(heap, key=lambda e: e[0])[:4]:
             ln = w.wg.launch
             k = ln.kernel
             off = k.decoded.instructions[w.pc].offset if w.pc < len(k.decoded.instructions) else -1

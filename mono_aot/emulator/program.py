@@ -547,10 +547,7 @@ class Compiler:
                 return ~nxt if w.wait(vm, lgkm) else nxt
 
             def waitcnt_gang(g):  # each member's own accesses; all yield if any waited
-                waited = False
-                for w in g.waves:
-                    waited |= w.wait(vm, lgkm)
-                return ~nxt if waited else nxt
+                return ~nxt if g.wait(vm, lgkm) else nxt
 
             self.gang_able((), gang_step=waitcnt_gang)
             return (waitcnt, *none)
@@ -1427,24 +1424,12 @@ def _lane_writer(row: int, n: int, vals: np.ndarray, act: np.ndarray, full: bool
 
 def _issue_each(g, kind: str, off: int, rows: tuple[int, ...], d_r: int, ndw: int,
                 vals: np.ndarray) -> None:  # fmt: skip
-    """Put a gang's load in flight in each member (``vals``: the gang's lanes' values): its
-    own access, retired by its own waits, as if it had run alone.
-
-    The members' records share one writer, which the first of them to retire runs for all:
-    one copy of the gang's lanes instead of one per member. Writing a member's destination
-    before its own wait changes nothing it can see, since reading or writing a register a
-    load in flight writes is a fault (``Wave.hazard``) until its own wait retires the load."""
+    """Put a gang's load in flight in each member (``vals``: the gang's lanes' values), as if
+    each had run it alone: one record, which every member's counters hold and the first of
+    them to retire writes for all (``wave.Counters``), with each member's clock at issue."""
     write = _lane_writer(d_r, ndw, vals, g.exec_mask, g.exec_all)
-    done = False
-
-    def apply(_w: Wave) -> None:
-        nonlocal done
-        if not done:
-            done = True
-            write(g)
-
-    for w in g.waves:
-        w.issue(Pending(kind, off, rows, (), apply, w.time))
+    times = {w: w.time for w in g.waves}
+    g.issue(Pending(kind, off, rows, (), lambda _w: write(g), times))
 
 
 def _first_lane(w) -> int:
@@ -1525,7 +1510,15 @@ def _lds_gather(lds: np.ndarray, size: int, first: np.ndarray | int, addr: np.nd
     addr = addr & M32  # ADDR + OFFSET is a 32-bit sum (a negative base plus an offset is fine)
     _lds_check(size, addr, act, n)
     safe = np.where(act, addr, 0) + first
-    return lds[safe[:, None] + np.arange(n)] * act[:, None].astype(np.uint8)
+    if n % 4 == 0 and lds.size % 4 == 0 and not (safe & 3).any():
+        # whole aligned dwords (the kernels' ds_read_b32..b128): a quarter of the indices
+        words = lds.view(np.uint32)[(safe >> 2)[:, None] + np.arange(n // 4)]
+        out = words.view(np.uint8)
+    else:
+        out = lds[safe[:, None] + np.arange(n)]
+    if not act.all():
+        out[~act] = 0
+    return out
 
 
 def _lds_scatter(lds: np.ndarray, addr: np.ndarray, act: np.ndarray, data: np.ndarray) -> None:

@@ -61,14 +61,23 @@ def bits_of(mask: np.ndarray) -> int:
 
 class Pending:
     """A memory instruction in flight: ``kind`` "vm", "lds" or "smem"; ``apply`` writes its
-    destination when retired (None for stores and cache operations)."""
+    destination when retired (None for stores and cache operations); ``time`` the clock it
+    was issued at, or for a gang's access (one record every member's counters hold) each
+    member's clock then."""
 
-    __slots__ = ("kind", "offset", "vrows", "srows", "apply", "time")
+    __slots__ = ("kind", "offset", "vrows", "srows", "apply", "time", "done")
 
     def __init__(self, kind: str, offset: int, vrows: tuple[int, ...], srows: tuple[int, ...],
-                 apply: Callable[[Wave], None] | None, time: int) -> None:  # fmt: skip
+                 apply: Callable[[Wave], None] | None,
+                 time: int | dict[Wave, int]) -> None:  # fmt: skip
         self.kind, self.offset, self.vrows, self.srows = kind, offset, vrows, srows
         self.apply, self.time = apply, time
+        self.done = False  # its destination written (once, by the first counters to retire it)
+
+    def completes(self, w: Wave) -> int:
+        """The clock at which ``w``'s access completes."""
+        t = self.time
+        return (t if type(t) is int else t[w]) + LATENCY[self.kind]
 
 
 # Cycles from issue until a wait can retire an access (a coarse latency model: it only decides
@@ -76,24 +85,109 @@ class Pending:
 LATENCY = {"vm": 500, "lds": 64, "smem": 200}
 
 
+class Counters:
+    """The memory counters of a wave: its accesses in flight in issue order (``vm`` for
+    VM_CNT, ``lgkm`` for LGKM_CNT) and, per register, the access that will write it.
+
+    Why shared: the members of a gang issue the same accesses at the same instructions, and
+    their waits retire the same ones, so one ``Counters`` (``users`` waves hold it) serves
+    them all: one record and one wait per gang access instead of one per member
+    (``gang.Gang.counters``). A wave that issues or retires alone first takes its own copy
+    (``Wave.own_counters``); the records stay shared, and a record's destination is written
+    once, by the first of its holders to retire it: writing a wave's registers before its own
+    wait changes nothing it can see, since touching a register a load in flight writes is a
+    fault (``Wave.hazard``) until its own wait retires the load."""
+
+    __slots__ = ("vm", "lgkm", "pend_v", "pend_s", "users")
+
+    def __init__(self) -> None:
+        self.vm: deque[Pending] = deque()
+        self.lgkm: deque[Pending] = deque()
+        self.pend_v: dict[int, Pending] = {}
+        self.pend_s: dict[int, Pending] = {}
+        self.users = 1
+
+    def copy(self, users: int = 1) -> Counters:
+        c = Counters()
+        c.vm, c.lgkm = deque(self.vm), deque(self.lgkm)
+        c.pend_v, c.pend_s = dict(self.pend_v), dict(self.pend_s)
+        c.users = users
+        return c
+
+    def same(self, other: Counters) -> bool:
+        """Whether ``other`` holds the same records in flight, in the same order."""
+        return (self.vm == other.vm and self.lgkm == other.lgkm
+                and self.pend_v == other.pend_v and self.pend_s == other.pend_s)  # fmt: skip
+
+    def issue(self, p: Pending) -> None:
+        (self.vm if p.kind == "vm" else self.lgkm).append(p)
+        for r in p.vrows:
+            self.pend_v[r] = p
+        for r in p.srows:
+            self.pend_s[r] = p
+
+    def outstanding(self, vm: int, lgkm: int) -> bool:
+        """Whether ``s_waitcnt vmcnt(vm) lgkmcnt(lgkm)`` waits."""
+        return len(self.vm) > vm or len(self.lgkm) > lgkm
+
+    def wait(self, vm: int, lgkm: int, w: Wave) -> list[Pending]:
+        """Retire what ``s_waitcnt vmcnt(vm) lgkmcnt(lgkm)`` forces (``w``: the wave a
+        record's writer is given); the records retired."""
+        done: list[Pending] = []
+        q = self.vm
+        while len(q) > vm:
+            done.append(q.popleft())
+        q = self.lgkm
+        if len(q) > lgkm:
+            if lgkm == 0:
+                done.extend(q)
+                q.clear()
+            else:
+                # at least len(q) - lgkm completed; scalar loads may be any of them, LDS
+                # accesses complete in order: retire only the LDS prefix the count forces
+                smem = sum(1 for p in q if p.kind == "smem")
+                force = len(q) - lgkm - smem
+                if force > 0:
+                    keep: deque[Pending] = deque()
+                    for p in q:
+                        if p.kind == "lds" and force > 0:
+                            done.append(p)
+                            force -= 1
+                        else:
+                            keep.append(p)
+                    self.lgkm = keep
+        pv, ps = self.pend_v, self.pend_s
+        for p in done:
+            if p.apply is not None and not p.done:
+                p.done = True
+                p.apply(w)
+            for r in p.vrows:
+                if pv.get(r) is p:
+                    del pv[r]
+            for r in p.srows:
+                if ps.get(r) is p:
+                    del ps[r]
+        return done
+
+
 class Workgroup:
     __slots__ = ("id", "lds", "lds_rows", "waves", "arrived", "launch")
 
-    def __init__(self, wid: int, lds_rows: np.ndarray, launch: object) -> None:
+    def __init__(self, wid: int, lds_rows: np.ndarray, launch: object,
+                 size: int | None = None) -> None:  # fmt: skip
         """``lds_rows``: its launch's one array of every workgroup's LDS, row ``wid`` its
-        own, so that a gang's LDS access reads or writes all of them as one
-        (``gang.Gang.lds_lanes``)."""
+        own (its first ``size`` bytes; all of it by default), so that a gang's LDS access
+        reads or writes all of them as one (``gang.Gang.lds_lanes``)."""
         self.id = wid
         self.lds_rows = lds_rows
-        self.lds = lds_rows[wid]
+        self.lds = lds_rows[wid, : lds_rows.shape[1] if size is None else size]
         self.waves: list[Wave] = []
         self.arrived: list[Wave] = []
         self.launch = launch
 
 
 class Wave:
-    __slots__ = ("s", "scc", "v", "exec_mask", "exec_all", "time", "pc", "vmq", "lgkmq",
-                 "pend_v", "pend_s", "npend", "wg", "index", "block", "icount", "seq",
+    __slots__ = ("s", "scc", "v", "exec_mask", "exec_all", "time", "pc", "mc", "wg", "index", "block", "icount", "seq",
                  "tie", "accum")  # fmt: skip
 
     lanes = LANES  # the lanes an instruction's arrays span (a ``Gang`` spans several waves')
@@ -109,11 +203,7 @@ class Wave:
         self.exec_all = True
         self.time = time
         self.pc = 0
-        self.vmq: deque[Pending] = deque()
-        self.lgkmq: deque[Pending] = deque()
-        self.pend_v: dict[int, Pending] = {}
-        self.pend_s: dict[int, Pending] = {}
-        self.npend = 0
+        self.mc = Counters()
         self.wg = wg
         self.index = index
         self.block: str | None = None  # "barrier", "end" after a yielding instruction
@@ -143,56 +233,31 @@ class Wave:
         return mask_of(read(self))
 
     # ------------------------------------------------------------------ memory counters
-    def issue(self, p: Pending) -> None:
-        (self.vmq if p.kind == "vm" else self.lgkmq).append(p)
-        for r in p.vrows:
-            self.pend_v[r] = p
-        for r in p.srows:
-            self.pend_s[r] = p
-        self.npend = len(self.pend_v) + len(self.pend_s)
+    def own_counters(self) -> Counters:
+        """This wave's counters, copied first if other waves hold them too (``Counters``)."""
+        c = self.mc
+        if c.users > 1:
+            c.users -= 1
+            c = self.mc = c.copy()
+        return c
 
-    def _retire(self, p: Pending) -> None:
-        if p.apply is not None:
-            p.apply(self)
-        for r in p.vrows:
-            if self.pend_v.get(r) is p:
-                del self.pend_v[r]
-        for r in p.srows:
-            if self.pend_s.get(r) is p:
-                del self.pend_s[r]
-        t = p.time + LATENCY[p.kind]
-        if t > self.time:
-            self.time = t
+    def issue(self, p: Pending) -> None:
+        self.own_counters().issue(p)
 
     def wait(self, vm: int, lgkm: int) -> bool:
         """``s_waitcnt vmcnt(vm) lgkmcnt(lgkm)``; True when anything was outstanding."""
-        waited = False
-        q = self.vmq
-        while len(q) > vm:
-            self._retire(q.popleft())
-            waited = True
-        q = self.lgkmq
-        if len(q) > lgkm:
-            waited = True
-            if lgkm == 0:
-                while q:
-                    self._retire(q.popleft())
-            else:
-                # at least len(q) - lgkm completed; scalar loads may be any of them, LDS
-                # accesses complete in order: retire only the LDS prefix the count forces
-                smem = sum(1 for p in q if p.kind == "smem")
-                force = len(q) - lgkm - smem
-                if force > 0:
-                    keep: deque[Pending] = deque()
-                    for p in q:
-                        if p.kind == "lds" and force > 0:
-                            self._retire(p)
-                            force -= 1
-                        else:
-                            keep.append(p)
-                    self.lgkmq = keep
-        self.npend = len(self.pend_v) + len(self.pend_s)
-        return waited
+        if not self.mc.outstanding(vm, lgkm):
+            return False
+        for p in self.own_counters().wait(vm, lgkm, self):
+            t = p.completes(self)
+            if t > self.time:
+                self.time = t
+        return True
+
+    def in_flight(self) -> bool:
+        """Whether any access is outstanding (``s_endpgm`` lets them complete)."""
+        c = self.mc
+        return bool(c.vm or c.lgkm or c.pend_v or c.pend_s)
 
     def vname(self, row: int) -> str:
         return f"v{row}" if row < self.accum else f"a{row - self.accum}"
@@ -200,16 +265,17 @@ class Wave:
     def clear_of_loads(self, touch_v: frozenset[int], touch_s: frozenset[int]) -> bool:
         """Whether no load in flight writes a register of ``touch_v``/``touch_s`` (if one does,
         ``hazard`` names it)."""
-        return not self.npend or (touch_v.isdisjoint(self.pend_v)
-                                  and touch_s.isdisjoint(self.pend_s))  # fmt: skip
+        c = self.mc
+        pv, ps = c.pend_v, c.pend_s
+        return (not pv or touch_v.isdisjoint(pv)) and (not ps or touch_s.isdisjoint(ps))
 
     def hazard(self, reads_v, writes_v, reads_s, writes_s) -> None:
         """Raise when the instruction touches a register a load in flight will write."""
         for rows, pend, what, name in (
-            (reads_v, self.pend_v, "read", self.vname),
-            (writes_v, self.pend_v, "write", self.vname),
-            (reads_s, self.pend_s, "read", _sname),
-            (writes_s, self.pend_s, "write", _sname),
+            (reads_v, self.mc.pend_v, "read", self.vname),
+            (writes_v, self.mc.pend_v, "write", self.vname),
+            (reads_s, self.mc.pend_s, "read", _sname),
+            (writes_s, self.mc.pend_s, "write", _sname),
         ):
             if not pend:
                 continue

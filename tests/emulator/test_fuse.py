@@ -196,7 +196,7 @@ def _narrow_state(entry, blob, fused: bool, limit: int) -> tuple[bytes, list]:
             waves.append(wg.lds.tobytes())
             for w in wg.waves:
                 waves.append((w.v.tobytes(), list(w.s), w.scc, w.pc, w.time, w.icount,
-                              sorted(w.pend_v), sorted(w.pend_s)))  # fmt: skip
+                              sorted(w.mc.pend_v), sorted(w.mc.pend_s)))  # fmt: skip
     return b"".join(b.tobytes() for b in bufs), waves, ran[0]
 
 

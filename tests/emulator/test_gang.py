@@ -73,7 +73,7 @@ def gang_program() -> Asm:
     return a.endpgm()
 
 
-def _run(gangs: bool):
+def _run(gangs: bool, hold: dict[int, float] | None = None):
     m = Machine("gfx942", 1, gangs=gangs)
     ganged = [0]
     real = m._step_gang
@@ -88,7 +88,7 @@ def _run(gangs: bool):
     data = buffer(m, IN, 4 * THREADS * GRID + 16, "in")
     data[:] = np.random.default_rng(3).integers(0, 256, data.size, dtype=np.uint8)
     k = m.load(kernel_object(gang_program(), lds=4 * THREADS))
-    m.launch(0, k, GRID, THREADS, kernargs(OUT, IN))
+    m.launch(0, k, GRID, THREADS, kernargs(OUT, IN), hold=hold)
     st = m.run()
     return out, st, ganged[0]
 
@@ -105,6 +105,18 @@ def test_gangs_compute_what_waves_one_by_one_compute():
     assert len(np.unique(rows[ROWS.index(5)])) > THREADS
     first = rows[ROWS.index(24)].reshape(GRID * THREADS // LANES, LANES)
     assert (first == first[:, :1]).all() and len(np.unique(first[:, 0])) > GRID
+
+
+def test_gangs_whose_clocks_spread_past_a_quantum_still_run_every_member():
+    """Workgroup 1 starts 2,100 cycles late, beyond a gang's horizon: the gang that runs
+    leaves it behind (a gang back in the schedule waits under one entry, ``Machine._run``),
+    and every wave still runs to the end with the values and clocks of one by one."""
+    got, st, ganged = _run(True, hold={1: 1e-6})
+    want, st0, _ = _run(False, hold={1: 1e-6})
+    assert ganged > st.instructions // 2
+    assert got.tobytes() == want.tobytes()
+    assert st.instructions == st0.instructions
+    assert st.virtual_seconds == st0.virtual_seconds
 
 
 # ------------------------------------------------------------------------------ real kernels
@@ -323,3 +335,71 @@ def test_every_scalar_instruction_of_the_kernels_runs_the_same_once_for_a_gang(
         assert all(
             np.array_equal(w.exec_mask, x.exec_mask) for w, x in zip(waves, singles, strict=True)
         ), k.texts[pc]
+
+
+# ------------------------------------------------------------------------------ shared counters
+PART_ROWS = [11, 12, 14]
+
+
+def parting_program() -> Asm:
+    """A gang's loads in flight when its workgroups' paths part: workgroup 1 issues another
+    load and waits for one of two, the others wait for all; then all meet and store."""
+    a = prologue(Asm())
+    a.smem("s_load_dwordx2", 22, 0, 8).waitcnt(lgkm=0)
+    a.vop1("v_mov_b32", 18, s(2)).vop2("v_lshlrev_b32", 18, i(10), v(18))  # 4 * THREADS * wg
+    a.vop2("v_add_u32", 1, v(1), v(18))
+    a.glob("global_load_dword", addr=1, vdst=11, saddr=22)  # one record for the whole gang
+    a.glob("global_load_dword", addr=1, vdst=12, saddr=22, offset=4)
+    a.sopc("s_cmp_eq_u32", s(2), i(1))
+    a.branch("s_cbranch_scc1", "other")
+    a.waitcnt(vm=1)  # the others: the first load only, then the second
+    a.vop2("v_add_u32", 11, i(7), v(11))
+    a.waitcnt(vm=0)
+    a.vop1("v_mov_b32", 14, i(3))
+    a.branch("s_branch", "join")
+    a.label("other")  # workgroup 1: its own copy of the counters from here
+    a.glob("global_load_dword", addr=1, vdst=14, saddr=22, offset=8)
+    a.waitcnt(vm=2)
+    a.vop2("v_add_u32", 11, i(9), v(11))
+    a.waitcnt(vm=0)
+    a.label("join")
+    for r in PART_ROWS:
+        a.glob("global_store_dword", addr=1, data=r, saddr=4)
+        a.sop2("s_add_u32", 4, 4, LIT, lit=4 * THREADS * GRID).sop2("s_addc_u32", 5, 5, i(0))
+    return a.endpgm()
+
+
+def test_a_gangs_accesses_are_one_record_its_members_share_until_their_paths_part(monkeypatch):
+    """A gang's load is one record every member's counters hold (``wave.Counters``), its wait
+    retires it once; when the members part with loads still in flight, each path takes its
+    own copy: the values and clocks are those of the waves one by one."""
+    from mono_aot.emulator import gang as gang_mod
+
+    shared: list[int] = []
+    real = gang_mod.Gang.counters
+
+    def counters(self):
+        c = real(self)
+        if c is not None and c.vm:
+            shared.append(len(self.waves))
+        return c
+
+    monkeypatch.setattr(gang_mod.Gang, "counters", counters)
+
+    def run(gangs: bool):
+        m = Machine("gfx942", 1, gangs=gangs)
+        out = buffer(m, OUT, 4 * THREADS * GRID * len(PART_ROWS))
+        data = buffer(m, IN, 4 * THREADS * GRID + 16, "in")
+        data[:] = np.random.default_rng(5).integers(0, 256, data.size, dtype=np.uint8)
+        k = m.load(kernel_object(parting_program(), lds=0))
+        m.launch(0, k, GRID, THREADS, kernargs(OUT, IN))
+        return out, m.run()
+
+    got, st = run(True)
+    assert shared and max(shared) == GRID * THREADS // LANES  # the whole launch, one record
+    assert min(shared) < max(shared)  # and parts of it, after the paths parted
+    want, st0 = run(False)
+    assert got.tobytes() == want.tobytes()
+    assert st.virtual_seconds == st0.virtual_seconds
+    rows = got.view(np.uint32).reshape(len(PART_ROWS), GRID, THREADS)
+    assert (rows[2, 1] != 3).all() and (rows[2, 0] == 3).all()  # the paths did part

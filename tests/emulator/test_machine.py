@@ -170,6 +170,30 @@ def test_lds_address_is_a_32_bit_sum_of_base_and_offset():
     assert out[:256].view(np.uint32).tolist() == list(range(64))
 
 
+@pytest.mark.parametrize("lds", [512, 510])  # a row of whole dwords, and one that is not
+@pytest.mark.parametrize("n", [1, 2, 4, 8, 16])
+def test_lds_reads_gather_the_bytes_each_lane_addresses(n: int, lds: int):
+    """``_lds_gather`` reads aligned dwords a dword at a time, and anything else byte by
+    byte: both give each active lane its bytes, inactive lanes 0, from its own workgroup's
+    LDS (three workgroups' rows of one array, as a gang reads them)."""
+    from mono_aot.emulator.program import _lds_gather
+
+    rng = np.random.default_rng(n + lds)
+    rows = rng.integers(0, 256, (3, -(-lds // 4) * 4), dtype=np.uint8)
+    flat = rows.reshape(-1)
+    lanes = 3 * 64
+    first = np.repeat(np.arange(3, dtype=np.int64) * rows.shape[1], 64)
+    act = rng.random(lanes) < 0.8
+    for align in (16, 4, 1):
+        addr = rng.integers(0, (lds - n) // align + 1, lanes).astype(np.int64) * align
+        got = _lds_gather(flat, lds, first, addr, act, n)
+        want = np.zeros((lanes, n), dtype=np.uint8)
+        for lane in np.flatnonzero(act):
+            row, at = divmod(int(first[lane]) + int(addr[lane]), rows.shape[1])
+            want[lane] = rows[row, at : at + n]
+        assert got.tobytes() == want.tobytes(), (n, lds, align)
+
+
 def test_ds_swizzle_bpermute_read2():
     a = prologue(Asm())
     a.vop2("v_add_u32", 4, i(4), v(1)).vop2("v_and_b32", 4, LIT, v(4), lit=0xFF)
