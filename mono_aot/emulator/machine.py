@@ -445,7 +445,7 @@ class Machine:
     def _step(self, w: Wave, ln: Launch, q: int) -> int:
         """Run ``w`` for up to ``q`` instructions; the number executed."""
         prog = ln.kernel.program
-        blocks = prog.blocks
+        blocks, steps, touch_v, touch_s = prog.blocks, prog.steps, prog.touch_v, prog.touch_s
         pc = w.pc
         n = 0
         w.block = None
@@ -459,7 +459,11 @@ class Machine:
                     pc = b.run(w)
                     n += b.size
                     continue
-                pc = self._alone(w, prog, cur)
+                if w.clear_of_loads(touch_v[cur], touch_s[cur]):
+                    w.time += CYCLES_PER_INSTRUCTION  # ``_alone`` without a hazard to name
+                    pc = steps[cur](w)
+                else:
+                    pc = self._alone(w, prog, cur)
                 n += 1
                 if pc < 0:
                     pc = ~pc
@@ -496,7 +500,7 @@ class Machine:
         prog = ln.kernel.program
         steps, blocks, gangs, gang_steps = prog.steps, prog.blocks, prog.gang, prog.gang_steps
         scalar, memory = prog.scalar, prog.memory
-        touch_v, touch_s = prog.touch_v, prog.touch_s
+        touch_v, touch_s, writes_exec = prog.touch_v, prog.touch_s, prog.writes_exec
         k = members[0].wg.id * len(members[0].wg.waves) + members[0].index
         g = Gang(members, ln.regs[:, k * LANES : (k + len(members)) * LANES])
         pc = members[0].pc
@@ -556,8 +560,14 @@ class Machine:
                     n += 1
                     continue
                 nexts = []
-                for w in order:
-                    nexts.append(self._alone(w, prog, cur))
+                if g.clear_of_loads(touch_v[cur], touch_s[cur]):
+                    step = steps[cur]  # no member touches a register in flight (``_alone``)
+                    for w in order:
+                        w.time += CYCLES_PER_INSTRUCTION
+                        nexts.append(step(w))
+                else:
+                    for w in order:
+                        nexts.append(self._alone(w, prog, cur))
                 g.loads_changed()
                 n += 1
                 pc = nexts[0]
@@ -566,7 +576,8 @@ class Machine:
                         w.pc = ~x if x < 0 else x
                         w.icount += n
                     return n
-                g.sync_exec()
+                if writes_exec[cur]:
+                    g.sync_exec()
         except Exception as e:
             self._raise_at(e, w, ln, cur)
         for w in members:

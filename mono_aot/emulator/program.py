@@ -117,6 +117,9 @@ class Compiled:
         self.blocks: list = []  # fuse.Block | None per instruction
         self.touch_v: list[frozenset[int]] = []
         self.touch_s: list[frozenset[int]] = []
+        # per instruction: whether it writes EXEC (a gang whose members ran it one by one
+        # then refreshes its EXEC)
+        self.writes_exec: list[bool] = []
         self.missing: dict[str, int] = {}  # lane operation not available -> uses
         self.counts: dict[str, int] = {}
 
@@ -359,6 +362,7 @@ class Compiler:
         o.scalar.append(None)
         o.touch_v = [frozenset(r + w) for r, w in zip(o.reads_v, o.writes_v, strict=True)]
         o.touch_s = [frozenset(r + w) for r, w in zip(o.reads_s, o.writes_s, strict=True)]
+        o.writes_exec = [EXEC_LO in w or EXEC_HI in w for w in o.writes_s]
         o.blocks = fuse_blocks(o)
         return o
 
