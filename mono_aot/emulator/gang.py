@@ -148,10 +148,7 @@ class Gang:
             if waited:
                 done = c.wait(vm, lgkm, waves[0])
                 for w in waves:
-                    for p in done:
-                        t = p.completes(w)
-                        if t > w.time:
-                            w.time = t
+                    w.completed(done)
         self._pend = None
         return waited
 

@@ -304,7 +304,8 @@ class Machine:
         def park(ready: list[Wave]) -> None:
             """Put the members of a gang that ran back in the schedule as one entry, that of
             the earliest: the others wait under it (``seq`` PARKED), and its gang takes them
-            along again (``_gang_of``) or puts each back in the schedule on its own (``unpark``).
+            along again (``_gang_of``: those at its instruction) or puts each back in the
+            schedule on its own (``unpark``), before any of their own entries would have come.
             Why: a gang of 2,000 members pushed and popped one by one was a tenth of a
             shipped-layout run, and the earliest member's entry is the one popped first."""
             nonlocal seq
@@ -371,7 +372,7 @@ class Machine:
                         self._arrive(m, push)
                     elif blk == "end":
                         self._end(m, ln, push, start_next)
-                if len(ready) > 1 and all(m.pc == ready[0].pc for m in ready):
+                if len(ready) > 1:
                     park(ready)
                 else:
                     for m in ready:

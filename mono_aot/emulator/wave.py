@@ -187,8 +187,8 @@ class Workgroup:
 
 
 class Wave:
-    __slots__ = ("s", "scc", "v", "exec_mask", "exec_all", "time", "pc", "mc", "wg", "index", "block", "icount", "seq",
-                 "tie", "accum")  # fmt: skip
+    __slots__ = ("s", "scc", "v", "exec_mask", "exec_all", "time", "pc", "mc", "wg", "index",
+                 "block", "icount", "seq", "tie", "accum")  # fmt: skip
 
     lanes = LANES  # the lanes an instruction's arrays span (a ``Gang`` spans several waves')
 
@@ -248,11 +248,15 @@ class Wave:
         """``s_waitcnt vmcnt(vm) lgkmcnt(lgkm)``; True when anything was outstanding."""
         if not self.mc.outstanding(vm, lgkm):
             return False
-        for p in self.own_counters().wait(vm, lgkm, self):
+        self.completed(self.own_counters().wait(vm, lgkm, self))
+        return True
+
+    def completed(self, done: list[Pending]) -> None:
+        """Advance the clock to the latest completion of the accesses ``done`` retired."""
+        for p in done:
             t = p.completes(self)
             if t > self.time:
                 self.time = t
-        return True
 
     def in_flight(self) -> bool:
         """Whether any access is outstanding (``s_endpgm`` lets them complete)."""
