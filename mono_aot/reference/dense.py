@@ -39,6 +39,8 @@ class DenseConfig:
     eps: float
     alpha: float
     limit: float
+    window: int = 0  # 0: the whole context
+    causal: bool = False
 
     @classmethod
     def from_layout(cls, layout: Layout) -> DenseConfig:
@@ -53,6 +55,8 @@ class DenseConfig:
             eps=m.norm_eps,
             alpha=m.swiglu_alpha,
             limit=m.swiglu_limit,
+            window=m.window,
+            causal=m.causal,
         )
 
 
@@ -62,14 +66,16 @@ class DenseRequest:
 
     ``rows``: its token rows of ``x``. ``context_k``/``context_v``: per layer, the K/V (float,
     ``[len, kv_heads, head_dim]``, already dequantized) of every attended position this step
-    does not write. ``own_visible``: bool ``[len(rows)]``, which of its tokens' own K/V are
-    attended (those written into an attended position).
+    does not write, at ``context_positions`` (int ``[len]``). ``own_visible``: bool
+    ``[len(rows)]``, which of its tokens' own K/V are attended (those written into an attended
+    position). Which query sees which of these keys is the model's window and causality.
     """
 
     rows: slice
     context_k: Sequence[torch.Tensor]
     context_v: Sequence[torch.Tensor]
     own_visible: torch.Tensor
+    context_positions: torch.Tensor
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -116,8 +122,15 @@ class DenseDrafter:
     def _linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return x @ weight.to(torch.float64).t()
 
-    def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q: [t, heads, d]; k, v: [s, kv_heads, d] -> [t, heads * d]."""
+    def _attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        allowed: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """q: [t, heads, d]; k, v: [s, kv_heads, d]; allowed: bool [t, s] (None: all)
+        -> [t, heads * d]; a query that may see no key gets zeros."""
         c = self.cfg
         t = q.shape[0]
         if k.shape[0] == 0:
@@ -125,14 +138,32 @@ class DenseDrafter:
         group = c.heads // c.kv_heads
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
-        probs = self._probs(q, k)
+        probs = self._probs(q, k, allowed)
         return torch.einsum("hts,shd->thd", probs, v).reshape(t, c.heads * c.head_dim)
 
-    def _probs(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    def _probs(
+        self, q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """q: [t, heads, d]; k: [s, heads, d] -> the attention's probabilities [heads, t, s]
         (its own method so that a test can look at them, ``tests/reference/test_problem.py``)."""
         scores = torch.einsum("thd,shd->hts", q, k) / (self.cfg.head_dim**0.5)
-        return scores.softmax(dim=-1)
+        if allowed is None:
+            return scores.softmax(dim=-1)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        probs = scores.softmax(dim=-1)
+        return torch.where(allowed.any(dim=-1, keepdim=True), probs, 0.0)
+
+    def _allowed(self, query_pos: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
+        """bool [t, s]: a query at position p sees a key at j when j > p - window (if the
+        model has a window) and j <= p (if causal)."""
+        c = self.cfg
+        p, j = query_pos.long()[:, None], key_pos.long()[None, :]
+        ok = torch.ones(p.shape[0], j.shape[1], dtype=torch.bool)
+        if c.window:
+            ok = ok & (j > p - c.window)
+        if c.causal:
+            ok = ok & (j <= p)
+        return ok
 
     def forward(
         self,
@@ -161,7 +192,10 @@ class DenseDrafter:
                 mine = req.own_visible.to(torch.bool)
                 keys = torch.cat((req.context_k[li].to(torch.float64), k[req.rows][mine]))
                 values = torch.cat((req.context_v[li].to(torch.float64), v[req.rows][mine]))
-                attn_out[req.rows] = self._attention(q[req.rows], keys, values)
+                own = positions[req.rows]
+                key_pos = torch.cat((req.context_positions.long(), own[mine].long()))
+                allowed = self._allowed(own, key_pos)
+                attn_out[req.rows] = self._attention(q[req.rows], keys, values, allowed)
             hidden = hidden + self._linear(attn_out, w["o"])
             # --- MLP block ---
             normed = rms_norm(hidden, w["w_post"], c.eps)

@@ -35,6 +35,7 @@ from functools import cache
 import torch
 
 from mono_aot.spec.arch import arch_info
+from mono_aot.spec.errors import BadInput
 
 
 @dataclass(frozen=True)
@@ -315,9 +316,25 @@ def boundary_distance(x: torch.Tensor, fmt: FP8Format | str) -> torch.Tensor:
     return boundary_gap(x, f) / torch.clamp(a, min=f.min_subnormal)
 
 
+E8M0_BIAS = 127
+E8M0_NAN = 0xFF  # the one E8M0 byte that is not a power of two
+
+
+def e8m0_decode(scales: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """OCP MX E8M0 scale bytes (uint8) as the powers of two ``2**(byte - 127)`` they stand for;
+    ``0xFF`` is NaN. Exact in float32 and float64 (``2**-127`` is a float32 subnormal)."""
+    if scales.dtype != torch.uint8:
+        raise BadInput(f"E8M0 scales: dtype {scales.dtype}, expected torch.uint8")
+    e = scales.to(torch.int32) - E8M0_BIAS
+    out = torch.ldexp(torch.ones(e.shape, dtype=torch.float64), e).to(dtype)
+    return torch.where(scales == E8M0_NAN, torch.tensor(float("nan"), dtype=dtype), out)
+
+
 __all__ = [
     "E4M3FN",
     "E4M3FNUZ",
+    "E8M0_BIAS",
+    "E8M0_NAN",
     "FORMATS",
     "FP8Format",
     "boundary_distance",
@@ -325,6 +342,7 @@ __all__ = [
     "code_distance",
     "decode",
     "decode_table",
+    "e8m0_decode",
     "encode",
     "format_for_arch",
     "fp8_format",

@@ -163,12 +163,19 @@ def write_kv(
 
 
 def gather_codes(
-    cache: torch.Tensor, block_table: torch.Tensor, req: int, length: int, layout: Layout
+    cache: torch.Tensor,
+    block_table: torch.Tensor,
+    req: int,
+    length: int,
+    layout: Layout,
+    start: int = 0,
 ) -> torch.Tensor:
-    """Cache bytes ``[length, heads, 2*head_dim]`` of request ``req``'s positions ``0..length-1``."""
+    """Cache bytes ``[length - start, heads, 2*head_dim]`` of request ``req``'s positions
+    ``start..length-1`` (only the block-table entries of those positions are looked at)."""
     blocks = check_cache(cache, layout)
     B = layout.serving.kv_block
-    slots = slots_of(block_table, req, torch.arange(length, dtype=torch.int64), B, blocks)
+    pos = torch.arange(start, length, dtype=torch.int64)
+    slots = slots_of(block_table, req, pos, B, blocks)
     return cache[slots // B, :, slots % B, :]
 
 

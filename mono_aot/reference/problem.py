@@ -25,10 +25,28 @@ from dataclasses import dataclass, field
 import torch
 
 from mono_aot.reference.dense import DenseConfig, DenseDrafter, DenseRequest, KVTransform
-from mono_aot.reference.fp8 import FP8Format, decode, encode, quantize_dequantize, resolve_format
+from mono_aot.reference.fp8 import (
+    E8M0_BIAS,
+    E8M0_NAN,
+    FP8Format,
+    decode,
+    encode,
+    quantize_dequantize,
+    resolve_format,
+)
 from mono_aot.reference.kvcache import encode_kv, fp32_scale
 from mono_aot.reference.step import StepInputs
-from mono_aot.reference.weights import NORM_NAMES, LayerWeights, RankWeights, pack_model, unshard
+from mono_aot.reference.weights import (
+    MX_CODE_FORMAT,
+    NORM_NAMES,
+    LayerWeights,
+    RankWeights,
+    dequantize_mx,
+    gemv_shapes,
+    pack_model,
+    scale_spec,
+    unshard,
+)
 from mono_aot.spec.errors import BadInput
 from mono_aot.spec.layouts import Layout
 from mono_aot.spec.util import ceil_div
@@ -80,6 +98,55 @@ def exact_codes(
         codes.scatter_(2, at, sign | fmt.max_code)
         out[r0:r1] = codes.reshape(r1 - r0, cols)
     return out, scales
+
+
+@torch.no_grad()
+def exact_mx_codes(
+    rows: int, cols: int, block: int, gen: torch.Generator, gain: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The e4m3fn codes (uint8 ``[rows, cols]``) and E8M0 scale bytes (uint8 ``[rows, cols /
+    block]``) of an mxfp8-exact matrix: OCP MX quantization (``weights.quantize_mx``) of
+    ``dequantize_mx(codes, bytes)`` gives back these very codes and bytes.
+
+    Codes follow a quantized Gaussian with one ``+-448`` in each block (so the block's absmax
+    fixes its exponent); each row's bytes sit around the power of two that gives an RMS of
+    about ``gain / sqrt(cols)``, each block one of three neighbouring powers.
+    """
+    if cols % block:
+        raise BadInput(f"{cols} columns do not split into {block}-input blocks")
+    f, nb = MX_CODE_FORMAT, cols // block
+    u = (torch.arange(256, dtype=torch.float64) + 0.5) / 256
+    table = encode(torch.special.ndtri(u) * (f.max / 3.5), f, saturate=True)
+    rms = float(decode(table, f, torch.float64).square().mean().sqrt())
+    base = round(math.log2(gain / (rms * math.sqrt(cols))))
+    jitter = torch.randint(-1, 2, (rows, nb), generator=gen, dtype=torch.int32)
+    scales = (E8M0_BIAS + base + jitter).clamp(0, E8M0_NAN - 1).to(torch.uint8)
+    out = torch.empty(rows, cols, dtype=torch.uint8)
+    step = max(1, _ROW_CHUNK_ELEMS // cols)
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        idx = torch.randint(0, 256, (r1 - r0, cols), generator=gen, dtype=torch.int32)
+        codes = table.index_select(0, idx.reshape(-1)).reshape(r1 - r0, nb, block)
+        at = torch.randint(0, block, (r1 - r0, nb, 1), generator=gen)
+        sign = torch.randint(0, 2, (r1 - r0, nb, 1), generator=gen, dtype=torch.uint8) << 7
+        codes.scatter_(2, at, sign | f.max_code)
+        out[r0:r1] = codes.reshape(r1 - r0, cols)
+    return out, scales
+
+
+def _exact_matrix(
+    layout: Layout,
+    f: FP8Format,
+    rows: int,
+    cols: int,
+    groups: int,
+    gen: torch.Generator,
+    gain: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``exact_codes`` (fp8-row, ``groups`` scale columns) or ``exact_mx_codes`` (mxfp8)."""
+    if layout.weights.format == "mxfp8":
+        return exact_mx_codes(rows, cols, layout.weights.block, gen, gain)
+    return exact_codes(rows, cols, groups, f, gen, gain)
 
 
 @torch.no_grad()
@@ -160,7 +227,10 @@ def random_model(
         ks, vs = _kv_scales(f, gen)
         mats = {}
         for name, rows, cols, groups, gain in _matrices(layout):
-            if exact:
+            if exact and layout.weights.format == "mxfp8":
+                codes, scales = exact_mx_codes(rows, cols, layout.weights.block, gen, gain)
+                mats[name] = dequantize_mx(codes, scales, torch.float32)
+            elif exact:
                 mats[name] = exact_weight(rows, cols, groups, f, gen, gain)
             else:
                 mats[name] = torch.randn(rows, cols, generator=gen) * (gain / math.sqrt(cols))
@@ -192,21 +262,16 @@ def random_packed_model(layout: Layout, fmt: FP8Format | str, seed: int = 0) -> 
     gen = torch.Generator().manual_seed(seed)
     m, tp, L = layout.model, layout.parallel.tp, layout.model.layers
     qr, kr, mr = layout.q_rows_per_rank, layout.kv_rows_per_rank, layout.mlp_per_rank
-    qkv_rows, gu_rows = layout.qkv_rows_per_rank, layout.gu_rows_per_rank
 
     def empty(shape: tuple[int, ...], dtype: torch.dtype) -> list[torch.Tensor]:
         return [torch.empty((L, *shape), dtype=dtype) for _ in range(tp)]
 
-    packed = {
-        "qkv_w": empty((qkv_rows, m.hidden), torch.uint8),
-        "qkv_s": empty((qkv_rows,), torch.float32),
-        "o_w": empty((m.hidden, layout.o_cols_per_rank), torch.uint8),
-        "o_s": empty((m.hidden,), torch.float32),
-        "gu_w": empty((gu_rows, m.hidden), torch.uint8),
-        "gu_s": empty((gu_rows,), torch.float32),
-        "d_w": empty((m.hidden, mr), torch.uint8),
-        "d_s": empty((m.hidden,), torch.float32),
-    }
+    packed: dict[str, list[torch.Tensor]] = {}
+    for name, (rows, cols) in gemv_shapes(layout).items():
+        packed[f"{name}_w"] = empty((rows, cols), torch.uint8)
+        packed[f"{name}_s"] = empty(*scale_spec(layout, rows, cols))
+    mx = layout.weights.format == "mxfp8"
+    blk = layout.weights.block
     norms: dict[str, list[torch.Tensor]] = {n: [] for n in NORM_NAMES}
     k_scales, v_scales = [], []
     for li in range(L):
@@ -214,7 +279,7 @@ def random_packed_model(layout: Layout, fmt: FP8Format | str, seed: int = 0) -> 
         k_scales.append(ks)
         v_scales.append(vs)
         mats = {
-            name: exact_codes(rows, cols, groups, f, gen, gain)
+            name: _exact_matrix(layout, f, rows, cols, groups, gen, gain)
             for name, rows, cols, groups, gain in _matrices(layout)
         }
         for r in range(tp):
@@ -227,13 +292,17 @@ def random_packed_model(layout: Layout, fmt: FP8Format | str, seed: int = 0) -> 
                 at = 0
                 for (codes, scales), lo, n in parts:
                     packed[f"{name}_w"][r][li, at : at + n] = codes[lo : lo + n]
-                    packed[f"{name}_s"][r][li, at : at + n] = scales[lo : lo + n, 0]
+                    packed[f"{name}_s"][r][li, at : at + n] = (
+                        scales[lo : lo + n] if mx else scales[lo : lo + n, 0]
+                    )
                     at += n
             # row-parallel: this rank's slice of the input dim, with that slice's own scales
             for name, src, n in (("o", "o", qr), ("d", "down", mr)):
                 codes, scales = mats[src]
                 packed[f"{name}_w"][r][li] = codes[:, r * n : (r + 1) * n]
-                packed[f"{name}_s"][r][li] = scales[:, r]
+                packed[f"{name}_s"][r][li] = (
+                    scales[:, r * n // blk : (r + 1) * n // blk] if mx else scales[:, r]
+                )
         del mats
         norms["w_in"].append(_norm_weight(m.hidden, gen))
         norms["w_post"].append(_norm_weight(m.hidden, gen))
@@ -260,7 +329,10 @@ class RequestSpec:
     ``context``: position of its first draft token (= cached positions before the block).
     ``written``: per draft token, whether it has a slot (``False``: slot -1); default all.
     ``seq_len``: positions attended; default ``context + qpr``. Every attended position that
-    the step does not write holds valid pre-step K/V; everything else is NaN codes.
+    the step does not write holds valid pre-step K/V; everything else is NaN codes. With a
+    window (``model.window``), positions below it hold NaN codes and the block-table entries of
+    blocks wholly below it are garbage. A padded request (vLLM's FULL graph replay pads 9
+    requests to 10) is ``RequestSpec(0, (False,) * qpr, seq_len=0)``.
     """
 
     context: int
@@ -275,6 +347,7 @@ class _Req:
     seq_len: int
     blocks: list[int]
     pre_positions: list[int]  # valid before the step and attended
+    first_block: int = 0  # the first block the window reads (block-table entries before: garbage)
 
 
 @dataclass
@@ -352,6 +425,7 @@ class Problem:
                         for c, s in zip(codes, vs, strict=True)
                     ],
                     own_visible=visible,
+                    context_positions=torch.tensor(r.pre_positions, dtype=torch.int64),
                 )
             )
         return out
@@ -420,7 +494,9 @@ def make_problem(
         mine = perm[at : at + nb]
         at += nb
         fresh = {ctx + t for t, w in enumerate(written) if w}
-        reqs.append(_Req(ctx, written, seq, mine, [p for p in range(seq) if p not in fresh]))
+        lo = max(0, ctx - m.window + 1) if m.window else 0  # the first key the window admits
+        pre = [p for p in range(lo, seq) if p not in fresh]
+        reqs.append(_Req(ctx, written, seq, mine, pre, lo // B))
 
     nreq = len(reqs)
     cols = max(need) + 2
@@ -428,7 +504,10 @@ def make_problem(
     wide = garbage[torch.randint(0, len(garbage), (nreq + 2, cols + 3), generator=gen)]
     bt = wide[:, 1 : 1 + cols]
     for i, r in enumerate(reqs):
-        bt[i, : len(r.blocks)] = torch.tensor(r.blocks, dtype=torch.int32)
+        # the blocks wholly below the window are never read: their entries stay garbage
+        bt[i, r.first_block : len(r.blocks)] = torch.tensor(
+            r.blocks[r.first_block :], dtype=torch.int32
+        )
 
     n = nreq * qpr
     positions = torch.full((n + 3,), 1 << 40, dtype=torch.int64)
@@ -487,6 +566,7 @@ __all__ = [
     "Problem",
     "RequestSpec",
     "exact_codes",
+    "exact_mx_codes",
     "exact_weight",
     "make_problem",
     "random_model",

@@ -12,6 +12,8 @@ Per layer (``n`` tokens, request ``i`` owns token rows ``i*qpr..(i+1)*qpr-1``):
 
 1. ``h = norm(x, w_in)``, Gemma RMSNorm ``x * rsqrt(mean(x^2) + eps) * (1 + w)``.
 2. ``qkv = (h @ decode(qkv_w)^T) * qkv_s``; rows: the rank's q heads, K head(s), V head(s).
+   (mxfp8 weights: ``h @ W^T`` with ``W`` the dequantized blocks, ``weights.dequantize_mx``;
+   likewise in steps 6 and 7.)
    (Computed as ``rsqrt(mean(x^2) + eps) * ((x * (1 + w)) @ decode(W)^T) * s``, the kernels'
    factorisation: the same value in float64.)
 3. Gemma norm of each q head (``w_q``) and each K head (``w_k``) over ``head_dim``; NeoX RoPE
@@ -22,10 +24,13 @@ Per layer (``n`` tokens, request ``i`` owns token rows ``i*qpr..(i+1)*qpr-1``):
    at +-fp8 max) are written at each token's slot; slot ``-1`` writes nothing (the bytes are
    still computed and returned).
 5. Attention of every token of request ``i`` over the cached positions ``j < seq_lens[i]`` of
-   request ``i`` (read back through the block table after step 4, dequantized with the scales),
-   non-causal, scale ``1/sqrt(head_dim)``, local q head ``j`` using local KV head ``j //
-   (q_heads_per_rank / kv_heads_per_rank)``. A request with ``seq_lens[i] == 0`` gets zeros.
-   Nothing outside those positions is read (the tests fill everything else with NaN codes).
+   request ``i`` (read back through the block table after step 4, dequantized with the scales)
+   that its window admits (``key_window``: with ``model.window``, ``j > position - window``;
+   non-causal unless ``model.causal``), scale ``1/sqrt(head_dim)``, local q head ``j`` using
+   local KV head ``j // (q_heads_per_rank / kv_heads_per_rank)``. A token that attends
+   nothing (a request with ``seq_lens[i] == 0``) gets zeros. Nothing outside those positions
+   is read (the tests fill everything else with NaN codes, and leave the block-table entries
+   of blocks below the window garbage).
 6. ``x += allreduce((attn @ decode(o_w)^T) * o_s)``, summed in rank order ``0..tp-1``.
 7. ``h = norm(x, w_post)``; ``[g | u] = (h @ decode(gu_w)^T) * gu_s``; ``gc = min(g, limit)``;
    ``a = gc * sigmoid(alpha * gc) * (clamp(u, -limit, limit) + 1)``;
@@ -101,7 +106,7 @@ from mono_aot.reference.fp8 import (
     resolve_format,
 )
 from mono_aot.reference.kvcache import check_cache, check_slots, fp32_scale, gather_codes
-from mono_aot.reference.weights import RankWeights, check_rank_weights
+from mono_aot.reference.weights import RankWeights, check_rank_weights, dequantize_weight
 from mono_aot.spec.errors import BadInput
 from mono_aot.spec.layouts import Layout
 
@@ -210,10 +215,38 @@ def clamped_swiglu(g: torch.Tensor, u: torch.Tensor, alpha: float, limit: float)
 
 
 def _gemv(
-    h: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, fmt: FP8Format
+    h: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, layout: Layout, fmt: FP8Format
 ) -> torch.Tensor:
-    """``(h @ decode(codes)^T) * s``: the scale is per output row, applied after the dot product."""
+    """fp8-row: ``(h @ decode(codes)^T) * s``, the scale per output row applied after the dot
+    product; mxfp8: ``h @ W^T`` with ``W`` the exactly dequantized blocks (``weights.py``)."""
+    if layout.weights.format == "mxfp8":
+        return h @ dequantize_weight(codes, scales, layout, fmt).T
     return (h @ decode(codes, fmt, torch.float64).T) * scales.to(torch.float64)
+
+
+def key_window(layout: Layout, positions: torch.Tensor, seq_len: int) -> tuple[int, torch.Tensor]:
+    """``(start, visible)`` of one request: the first cached position any of its queries at
+    ``positions`` attends, and bool ``[len(positions), seq_len - start]``, which keys of
+    ``start..seq_len-1`` each query attends.
+
+    vLLM 0.34's rule: ``_resolve_layer_attention`` (``vllm/model_executor/models/
+    qwen3_dflash.py``) resolves each DSpark layer's ``sliding_window`` and ``causal``, and its
+    own drafter kernels (``window`` in ``vllm/models/minimax_m3/amd/mono/drafter/
+    attention.py``) read keys from ``max(p0 - (window - 1), 0)`` to ``seq_len - 1``: a query at
+    ``qp`` attends ``kp`` when ``kp < seq_len``, ``kp > qp - window`` (with a window) and
+    ``kp <= qp`` (causal). A padded request (``seq_len`` 0) attends nothing.
+    """
+    m = layout.model
+    qp = positions.to(torch.int64)
+    start = max(0, int(qp.min()) - m.window + 1) if m.window and qp.numel() else 0
+    start = min(start, seq_len)
+    kp = torch.arange(start, seq_len, dtype=torch.int64)
+    visible = torch.ones((qp.numel(), kp.numel()), dtype=torch.bool)
+    if m.window:
+        visible &= kp[None, :] > qp[:, None] - m.window
+    if m.causal:
+        visible &= kp[None, :] <= qp[:, None]
+    return start, visible
 
 
 def _check_int(t: object, what: str, dtype: torch.dtype, dims: int, min_len: int) -> torch.Tensor:
@@ -338,7 +371,7 @@ def rank_step(
         ks, vs = fp32_scale(w["k_scale"]), fp32_scale(w["v_scale"])
 
         hp, ms = st.gemv_input(x, w["w_in"])
-        qkv = st.f32(_gemv(hp, w["qkv_w"], w["qkv_s"], f) * torch.rsqrt(ms + eps))
+        qkv = st.f32(_gemv(hp, w["qkv_w"], w["qkv_s"], layout, f) * torch.rsqrt(ms + eps))
         q = qkv[:, :qr].reshape(n, Q, D)
         k = qkv[:, qr : qr + kr].reshape(n, K, D)
         v = qkv[:, qr + kr :].reshape(n, K, D)
@@ -353,25 +386,30 @@ def rank_step(
 
         attn = torch.zeros((n, Q, D), dtype=torch.float64)
         for i in range(reqs):
-            if seq[i] == 0:
-                continue
-            c = gather_codes(cache, inputs.block_table, i, seq[i], layout)  # [len, K, 2D]
+            rows = slice(i * qpr, (i + 1) * qpr)
+            start, visible = key_window(layout, pos[rows], seq[i])
+            if not bool(visible.any()):
+                continue  # nothing attended (a padded request: seq_len 0): zeros
+            c = gather_codes(cache, inputs.block_table, i, seq[i], layout, start)  # [len, K, 2D]
             kc = decode(c[..., :D], f, torch.float64) * ks
             vc = decode(c[..., D:], f, torch.float64) * vs
-            qi = q[i * qpr : (i + 1) * qpr].reshape(qpr, K, G, D)
-            p = torch.softmax(torch.einsum("tkgd,jkd->tkgj", qi, kc) * scale, dim=-1)
-            attn[i * qpr : (i + 1) * qpr] = torch.einsum("tkgj,jkd->tkgd", p, vc).reshape(qpr, Q, D)
+            qi = q[rows].reshape(qpr, K, G, D)
+            logits = torch.einsum("tkgd,jkd->tkgj", qi, kc) * scale
+            logits = logits.masked_fill(~visible[:, None, None, :], -math.inf)
+            # a row that sees no key (only a causal or windowed row can) gets zeros
+            p = torch.softmax(logits, dim=-1).nan_to_num(0.0)
+            attn[rows] = torch.einsum("tkgj,jkd->tkgd", p, vc).reshape(qpr, Q, D)
         attn = st.bf16(attn.reshape(n, qr))
 
-        part = st.bf16(_gemv(attn, w["o_w"], w["o_s"], f))
+        part = st.bf16(_gemv(attn, w["o_w"], w["o_s"], layout, f))
         partials[li, 0] = part
         total = yield (li, "attn", part)
         x = st.f32(x + total)
 
         hp, ms = st.gemv_input(x, w["w_post"])
-        gu = st.f32(_gemv(hp, w["gu_w"], w["gu_s"], f) * torch.rsqrt(ms + eps))
+        gu = st.f32(_gemv(hp, w["gu_w"], w["gu_s"], layout, f) * torch.rsqrt(ms + eps))
         a = st.bf16(clamped_swiglu(gu[:, :mr], gu[:, mr:], m.swiglu_alpha, m.swiglu_limit))
-        part = st.bf16(_gemv(a, w["d_w"], w["d_s"], f))
+        part = st.bf16(_gemv(a, w["d_w"], w["d_s"], layout, f))
         partials[li, 1] = part
         total = yield (li, "mlp", part)
         x = st.f32(x + total)

@@ -19,9 +19,16 @@ never FlyDSL); the reference step and the tests read the same tensors. Per layer
   norms: the kernels multiply by ``1 + w``); ``final_norm`` bf16 ``[hidden]`` (once per model).
 - ``k_scale``/``v_scale``: fp32 scalars per layer; a cache byte is ``encode(k / k_scale)``.
 
-Quantization is per output row (per row of the rank's slice for o and down): ``s = absmax /
-fp8_max`` of the target arch's format, rounded to fp32, then ``code = encode(w / s)`` (round to
-nearest even, saturating). An all-zero row gets ``s = 1`` and zero codes. The runner stacks the
+Quantization (``[weights] format`` of the layout):
+
+- ``fp8-row``: per output row (per row of the rank's slice for o and down): ``s = absmax /
+  fp8_max`` of the target arch's format, rounded to fp32, then ``code = encode(w / s)`` (round
+  to nearest even, saturating). An all-zero row gets ``s = 1`` and zero codes.
+- ``mxfp8`` (OCP MX, as vLLM's MXFP8 linear layers hold a checkpoint's weights after loading):
+  the codes are e4m3fn on every arch, and each ``*_s`` is uint8 ``[rows, cols / block]``, one
+  E8M0 byte per ``block`` consecutive inputs of a row: ``w = decode_e4m3fn(code) * 2**(byte -
+  127)``. Quantizing takes the OCP rule ``2**(floor(log2(absmax)) - 8)`` (8: e4m3's largest
+  exponent), saturating; an all-zero block gets byte 127 and zero codes. The runner stacks the
 per-layer tensors across layers with ``torch.stack``, giving a leading ``[layers]`` dim: that is
 ``RankWeights.packed``.
 """
@@ -33,7 +40,15 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from mono_aot.reference.fp8 import FP8Format, decode, encode, resolve_format
+from mono_aot.reference.fp8 import (
+    E4M3FN,
+    E8M0_BIAS,
+    FP8Format,
+    decode,
+    e8m0_decode,
+    encode,
+    resolve_format,
+)
 from mono_aot.spec.errors import BadInput
 from mono_aot.spec.layouts import Layout
 
@@ -156,6 +171,76 @@ def dequantize_rows(
     return decode(codes, f, dtype) * scales.to(dtype)[..., None]
 
 
+# mxfp8's element codes: e4m3fn (OCP) on every arch, as the checkpoint stores them
+MX_CODE_FORMAT = E4M3FN
+_MX_EMAX = 8  # the exponent of e4m3fn's largest value, 448 = 1.75 * 2**8
+
+
+def weight_code_format(layout: Layout, fmt: FP8Format | str) -> FP8Format:
+    """The fp8 format of the weight codes: the arch's (``fmt``) for fp8-row, e4m3fn for mxfp8."""
+    return MX_CODE_FORMAT if layout.weights.format == "mxfp8" else resolve_format(fmt)
+
+
+def scale_spec(layout: Layout, rows: int, cols: int) -> tuple[tuple[int, ...], torch.dtype]:
+    """Shape and dtype of the scales of a ``[rows, cols]`` GEMV weight (module doc)."""
+    if layout.weights.format == "mxfp8":
+        return (rows, cols // layout.weights.block), torch.uint8
+    return (rows,), torch.float32
+
+
+def quantize_mx(
+    w: torch.Tensor, block: int, what: str = "weight"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """OCP MXFP8: ``(codes uint8 [rows, cols] e4m3fn, E8M0 scale bytes uint8 [rows, cols/block])``."""
+    if w.dim() != 2 or w.shape[1] % block:
+        raise BadInput(
+            f"{what}: expected a 2-d weight of whole {block}-input blocks, got shape {list(w.shape)}"
+        )
+    w64 = w.to(torch.float64).reshape(w.shape[0], -1, block)
+    amax = w64.abs().amax(dim=-1)
+    if not bool(torch.isfinite(amax).all()):
+        row = int(torch.nonzero(~torch.isfinite(amax))[0, 0])
+        raise BadInput(f"{what}: row {row} has non-finite values")
+    _, ex = torch.frexp(amax)  # amax = m * 2**ex with m in [0.5, 1): floor(log2) = ex - 1
+    e = torch.where(amax > 0, ex - 1 - _MX_EMAX, 0).clamp(-E8M0_BIAS, E8M0_BIAS)
+    codes = encode(torch.ldexp(w64, -e[..., None]), MX_CODE_FORMAT, saturate=True)
+    return codes.reshape(w.shape), (e + E8M0_BIAS).to(torch.uint8)
+
+
+def dequantize_mx(
+    codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
+    """``decode_e4m3fn(code) * 2**(byte - 127)`` per block (exact in float64); the block is
+    ``cols / scales.shape[-1]``; works on stacked ``[..., rows, cols]``."""
+    cols, nb = codes.shape[-1], scales.shape[-1]
+    if nb == 0 or cols % nb or scales.shape[:-1] != codes.shape[:-1]:
+        raise BadInput(f"mxfp8 scales {list(scales.shape)} do not block codes {list(codes.shape)}")
+    vals = decode(codes, MX_CODE_FORMAT, torch.float64).reshape(*codes.shape[:-1], nb, -1)
+    return (vals * e8m0_decode(scales)[..., None]).reshape(codes.shape).to(dtype)
+
+
+def quantize_weight(
+    w: torch.Tensor, layout: Layout, fmt: FP8Format | str, what: str = "weight"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(codes, scales)`` of one GEMV weight in the layout's weight format."""
+    if layout.weights.format == "mxfp8":
+        return quantize_mx(w, layout.weights.block, what)
+    return quantize_rows(w, fmt, what)
+
+
+def dequantize_weight(
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    layout: Layout,
+    fmt: FP8Format | str,
+    dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """The weight ``codes`` and ``scales`` stand for, in the layout's weight format."""
+    if layout.weights.format == "mxfp8":
+        return dequantize_mx(codes, scales, dtype)
+    return dequantize_rows(codes, scales, fmt, dtype)
+
+
 def shard_layer(layer: LayerWeights, layout: Layout, rank: int) -> LayerShard:
     """Rank ``rank``'s full-precision slices of ``layer``, in packed row order."""
     m, tp = layout.model, layout.parallel.tp
@@ -204,13 +289,10 @@ def pack_shard(shard: LayerShard, layout: Layout, fmt: FP8Format | str) -> dict[
     """One layer of one rank: the eight GEMV tensors, four bf16 norms and two fp32 scales."""
     f = resolve_format(fmt)
     m = layout.model
-    _check(shard.qkv, "shard.qkv", (layout.qkv_rows_per_rank, m.hidden))
-    _check(shard.o, "shard.o", (m.hidden, layout.o_cols_per_rank))
-    _check(shard.gu, "shard.gu", (layout.gu_rows_per_rank, m.hidden))
-    _check(shard.d, "shard.d", (m.hidden, layout.mlp_per_rank))
     out: dict[str, torch.Tensor] = {}
-    for name, w in (("qkv", shard.qkv), ("o", shard.o), ("gu", shard.gu), ("d", shard.d)):
-        codes, s = quantize_rows(w, f, f"shard.{name}")
+    for name, shape in gemv_shapes(layout).items():
+        w = _check(getattr(shard, name), f"shard.{name}", shape)
+        codes, s = quantize_weight(w, layout, f, f"shard.{name}")
         out[f"{name}_w"], out[f"{name}_s"] = codes.contiguous(), s.contiguous()
     for name, n in (
         ("w_in", m.hidden),
@@ -268,19 +350,25 @@ def pack_model(
     return [pack_rank(layers, final_norm, layout, r, fmt) for r in range(layout.parallel.tp)]
 
 
+def gemv_shapes(layout: Layout) -> dict[str, tuple[int, int]]:
+    """``[rows, cols]`` of each of a rank's four GEMV weights (``qkv``, ``o``, ``gu``, ``d``)."""
+    h = layout.model.hidden
+    return {
+        "qkv": (layout.qkv_rows_per_rank, h),
+        "o": (h, layout.o_cols_per_rank),
+        "gu": (layout.gu_rows_per_rank, h),
+        "d": (h, layout.mlp_per_rank),
+    }
+
+
 def check_rank_weights(w: RankWeights, layout: Layout) -> None:
     """Shapes and dtypes of every tensor of ``w`` against ``layout``; ``BadInput`` names the first bad one."""
     m, L = layout.model, layout.model.layers
-    want = {
-        "qkv_w": ((L, layout.qkv_rows_per_rank, m.hidden), torch.uint8),
-        "qkv_s": ((L, layout.qkv_rows_per_rank), torch.float32),
-        "o_w": ((L, m.hidden, layout.o_cols_per_rank), torch.uint8),
-        "o_s": ((L, m.hidden), torch.float32),
-        "gu_w": ((L, layout.gu_rows_per_rank, m.hidden), torch.uint8),
-        "gu_s": ((L, layout.gu_rows_per_rank), torch.float32),
-        "d_w": ((L, m.hidden, layout.mlp_per_rank), torch.uint8),
-        "d_s": ((L, m.hidden), torch.float32),
-    }
+    want = {}
+    for name, (rows, cols) in gemv_shapes(layout).items():
+        shape, dtype = scale_spec(layout, rows, cols)
+        want[f"{name}_w"] = ((L, rows, cols), torch.uint8)
+        want[f"{name}_s"] = ((L, *shape), dtype)
     norms = {
         "w_in": (L, m.hidden),
         "w_post": (L, m.hidden),
@@ -314,12 +402,14 @@ def check_rank_weights(w: RankWeights, layout: Layout) -> None:
 
 
 def dequantize_shard(
-    packed: Mapping[str, torch.Tensor], fmt: FP8Format | str, dtype: torch.dtype = torch.float64
+    packed: Mapping[str, torch.Tensor],
+    layout: Layout,
+    fmt: FP8Format | str,
+    dtype: torch.dtype = torch.float64,
 ) -> LayerShard:
     """The inverse of ``pack_shard`` (one layer): the weights the codes and scales stand for."""
-    f = resolve_format(fmt)
     deq = {
-        n: dequantize_rows(packed[f"{n}_w"], packed[f"{n}_s"], f, dtype)
+        n: dequantize_weight(packed[f"{n}_w"], packed[f"{n}_s"], layout, fmt, dtype)
         for n in ("qkv", "o", "gu", "d")
     }
     return LayerShard(
@@ -346,7 +436,7 @@ def unshard(
     qr, kr, mr = layout.q_rows_per_rank, layout.kv_rows_per_rank, layout.mlp_per_rank
     out = []
     for i in range(layout.model.layers):
-        shards = [dequantize_shard(r.layer(i), fmt, dtype) for r in ranks]
+        shards = [dequantize_shard(r.layer(i), layout, fmt, dtype) for r in ranks]
         for s in shards[1:]:
             for name in (*NORM_NAMES, *SCALE_NAMES):
                 a, b = getattr(shards[0], name), getattr(s, name)
@@ -376,6 +466,7 @@ def unshard(
 
 __all__ = [
     "GEMV_NAMES",
+    "MX_CODE_FORMAT",
     "NORM_NAMES",
     "SCALE_NAMES",
     "LayerShard",
@@ -383,13 +474,20 @@ __all__ = [
     "RankWeights",
     "check_rank_weights",
     "dequantize_rows",
+    "dequantize_mx",
     "dequantize_shard",
+    "dequantize_weight",
+    "gemv_shapes",
     "pack_layer",
     "pack_model",
     "pack_rank",
     "pack_shard",
+    "quantize_mx",
     "quantize_rows",
+    "quantize_weight",
+    "scale_spec",
     "shard_layer",
     "stack_layers",
     "unshard",
+    "weight_code_format",
 ]

@@ -51,6 +51,18 @@ class ModelGeometry(_Strict):
     norm_eps: float = Field(gt=0, lt=1, description="Gemma RMSNorm epsilon")
     swiglu_alpha: float = Field(gt=0, description="alpha of the clamped SwiGLU")
     swiglu_limit: float = Field(gt=0, description="clamp limit of the clamped SwiGLU")
+    window: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "sliding window of every layer (vLLM's sliding_window): a query at position qp "
+            "attends keys kp with kp > qp - window; 0 attends the whole context"
+        ),
+    )
+    causal: bool = Field(
+        default=False,
+        description="a query also attends no key past its own position (vLLM's causal)",
+    )
 
 
 class Parallel(_Strict):
@@ -70,6 +82,19 @@ class Serving(_Strict):
     )
 
 
+class WeightFormat(_Strict):
+    """How the checkpoint's linear weights are quantised (``mono_aot/reference/weights.py``)."""
+
+    format: Literal["fp8-row", "mxfp8"] = Field(
+        default="fp8-row",
+        description=(
+            "fp8-row: the arch's fp8 codes with one fp32 scale per output row; mxfp8: OCP "
+            "e4m3fn codes with one E8M0 (power-of-two) scale byte per block of inputs"
+        ),
+    )
+    block: int = Field(default=32, gt=0, description="inputs sharing one mxfp8 scale")
+
+
 class KernelShape(_Strict):
     threads: int = Field(gt=0, description="threads per workgroup")
 
@@ -80,6 +105,13 @@ class Target(_Strict):
 
 # Fields that size runner buffers but never reach generated code: left out of the canonical form.
 _NOT_CODEGEN = {("serving", "max_reqs")}
+# Fields added after the first release, with the default that old specs mean by leaving them out.
+_ADDED: dict[tuple[str, str], Any] = {
+    ("model", "window"): 0,
+    ("model", "causal"): False,
+    ("weights", "format"): "fp8-row",
+    ("weights", "block"): 32,
+}
 
 
 class Layout(_Strict):
@@ -98,6 +130,7 @@ class Layout(_Strict):
     model: ModelGeometry
     parallel: Parallel
     serving: Serving
+    weights: WeightFormat = WeightFormat()
     kernel: KernelShape
     targets: dict[str, Target] = Field(min_length=1)
 
@@ -208,15 +241,20 @@ class Layout(_Strict):
 
         The name, description, targets (arch and CTA count enter the key on their own) and
         runner-only sizes are left out, so renaming a file or adding a target reuses binaries.
+        A field added after the first release (``_ADDED``) is left out while it holds its
+        default, so a spec written before it existed keeps its digest and its binaries.
         """
         out: dict[str, Any] = {"layout_schema": LAYOUT_SCHEMA_VERSION}
-        for section in ("model", "parallel", "serving", "kernel"):
+        for section in ("model", "parallel", "serving", "weights", "kernel"):
             sub = getattr(self, section)
-            out[section] = {
+            fields = {
                 k: (float(v) if isinstance(v, float) else v)
                 for k, v in sub.model_dump().items()
                 if (section, k) not in _NOT_CODEGEN
+                and not ((section, k) in _ADDED and v == _ADDED[section, k])
             }
+            if fields or section != "weights":  # a section added whole: absent at defaults
+                out[section] = fields
         return out
 
     def canonical_json(self) -> str:
@@ -253,6 +291,25 @@ def _rule_problems(lay: Layout) -> Iterable[tuple[str, str]]:
             )
     if (m.heads // max(tp, 1) * m.head_dim) % VECTOR_BYTES:
         yield "model.head_dim", f"q rows per rank must be a multiple of {VECTOR_BYTES}"
+    wf = lay.weights
+    if wf.format == "mxfp8":
+        if wf.block % VECTOR_BYTES:
+            yield (
+                "weights.block",
+                f"{wf.block} must be a multiple of the {VECTOR_BYTES}-byte vector width",
+            )
+        else:
+            # each GEMV's input width on a rank: qkv and gate/up read hidden, o and down a slice
+            for what, width in (
+                ("model.hidden", m.hidden),
+                ("model.heads", m.heads // max(tp, 1) * m.head_dim),
+                ("model.mlp", m.mlp // max(tp, 1)),
+            ):
+                if width % wf.block:
+                    yield (
+                        what,
+                        f"a GEMV input width of {width} is not a whole number of {wf.block}-input mxfp8 blocks",
+                    )
     if not 1 <= s.wide_base <= s.chunk_reqs:
         yield "serving.wide_base", f"{s.wide_base} must be between 1 and chunk_reqs={s.chunk_reqs}"
     if s.chunk_reqs > s.max_reqs:

@@ -802,6 +802,15 @@ def kernel_problems_for(
     ctas_field = f"targets.{arch}.ctas"
     if layout.parallel.tp != SUPPORTED_TP:
         out.append(("parallel.tp", f"tp={layout.parallel.tp}; the kernels are written for tp=4"))
+    m = layout.model
+    if m.window:
+        out.append(("model.window", f"window={m.window}: the kernels attend the whole context"))
+    if m.causal:
+        out.append(("model.causal", "the kernels' attention is non-causal within a request"))
+    if layout.weights.format != "fp8-row":
+        out.append(
+            ("weights.format", f"{layout.weights.format}: the kernels read fp8-row weights only")
+        )
     if layout.serving.qpr % 8:
         out.append(("serving.qpr", f"qpr={layout.serving.qpr} must be a multiple of 8"))
     attn = attention_problems(layout)

@@ -40,7 +40,7 @@ def small_layout(**sections: dict[str, Any]) -> Layout:
     """The small layout, with ``section={key: value}`` overrides (e.g. ``model={"layers": 1}``)."""
     doc = copy.deepcopy(SMALL)
     for section, values in sections.items():
-        doc[section].update(values)
+        doc.setdefault(section, {}).update(values)
     return parse_layout(doc, "tests/reference/helpers.py")
 
 
@@ -50,4 +50,16 @@ def shipped_one_layer() -> Layout:
     doc = shipped.model_dump()
     doc["model"]["layers"] = 1
     doc["name"] = "shipped-one-layer"
+    return parse_layout(doc, "tests/reference/helpers.py")
+
+
+def real_geometry_one_layer() -> Layout:
+    """The MiniMax-M3.1 DSpark drafter's geometry as vLLM 0.34 serves it (QPR 7, KV blocks of
+    128, a 4096-position window, MXFP8 weights in blocks of 32, at most 10 requests), with a
+    single layer. A mapping in memory: no kernel is built for it yet (``kernel_problems``)."""
+    doc = resolve_layout("minimax-m3-dspark-tp4").model_dump()
+    doc["model"].update(layers=1, window=4096)
+    doc["serving"].update(qpr=7, kv_block=128, max_reqs=10, chunk_reqs=8)
+    doc["weights"] = {"format": "mxfp8", "block": 32}
+    doc["name"] = "real-geometry-one-layer"
     return parse_layout(doc, "tests/reference/helpers.py")

@@ -21,13 +21,13 @@ class _Recording(DenseDrafter):
     shift = False
     probs: list[torch.Tensor]
 
-    def _probs(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        p = super()._probs(q, k)
+    def _probs(self, q: torch.Tensor, k: torch.Tensor, allowed=None) -> torch.Tensor:
+        p = super()._probs(q, k, allowed)
         self.probs.append(p)
         return p
 
-    def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return super()._attention(q, k, v.roll(-1, dims=0) if self.shift else v)
+    def _attention(self, q, k, v, allowed=None) -> torch.Tensor:
+        return super()._attention(q, k, v.roll(-1, dims=0) if self.shift else v, allowed)
 
 
 def _run(prob, shift: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:

@@ -47,7 +47,7 @@ def mutate(path: str, value) -> dict:
     *parents, leaf = path.split(".")
     node = doc
     for p in parents:
-        node = node[p]
+        node = node.setdefault(p, {})
     node[leaf] = value
     return doc
 
@@ -247,14 +247,13 @@ def test_digest_is_stable_under_key_order_comments_and_formatting(tmp_path):
     assert load_layout(write_spec(tmp_path, mutate("model.swiglu_limit", 7), "int")).digest == base
 
 
-def _codegen_fields() -> list[tuple[str, object]]:
-    doc = shipped_doc()
+def _codegen_fields() -> list[str]:
+    """Every field of every section of the spec's schema (not only those the shipped file sets)."""
     out = []
-    for section in ("model", "parallel", "serving", "kernel"):
-        for k, v in doc[section].items():
-            if (section, k) == ("serving", "max_reqs"):
-                continue
-            out.append((f"{section}.{k}", v))
+    for section in ("model", "parallel", "serving", "weights", "kernel"):
+        for k in Layout.model_fields[section].annotation.model_fields:
+            if (section, k) != ("serving", "max_reqs"):
+                out.append(f"{section}.{k}")
     return out
 
 
@@ -264,12 +263,43 @@ _PERTURBED = {
     "model.head_dim": 64, "model.rotary_dim": 32, "model.mlp": 8192, "model.norm_eps": 1e-5,
     "model.swiglu_alpha": 1.5, "model.swiglu_limit": 6.0, "parallel.tp": 2,
     "serving.kv_block": 32, "serving.qpr": 4, "serving.chunk_reqs": 6, "serving.wide_base": 2,
-    "serving.peer_wait_s": 2.5, "kernel.threads": 256,
+    "serving.peer_wait_s": 2.5, "kernel.threads": 256, "model.window": 4096,
+    "model.causal": True, "weights.format": "mxfp8", "weights.block": 64,
 }  # fmt: skip
 
 
 def test_every_codegen_field_is_perturbed_by_the_test():
-    assert sorted(_PERTURBED) == sorted(f for f, _ in _codegen_fields())
+    assert sorted(_PERTURBED) == sorted(_codegen_fields())
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("model.window", 0), ("model.causal", False), ("weights.format", "fp8-row"),
+     ("weights.block", 32)],
+)  # fmt: skip
+def test_a_field_added_later_left_at_its_default_keeps_the_digest(tmp_path, field, value):
+    """Specs written before the window and the weight format existed keep their binaries."""
+    base = load_layout(SHIPPED).digest
+    assert load_layout(write_spec(tmp_path, mutate(field, value))).digest == base
+
+
+def test_mxfp8_needs_whole_blocks_and_the_kernels_refuse_what_they_do_not_serve(tmp_path):
+    doc = mutate("weights.format", "mxfp8")
+    doc["weights"]["block"] = 48  # hidden 6144 and 3072 down inputs are whole blocks, 2048 not
+    with pytest.raises(LayoutError) as e:
+        parse_layout(doc, "spec.toml", name="spec")
+    assert "model.heads" in str(e.value) and "48-input mxfp8 blocks" in str(e.value)
+    doc["weights"]["block"] = 24
+    with pytest.raises(LayoutError, match="weights.block: 24 must be a multiple of the 16-byte"):
+        parse_layout(doc, "spec.toml", name="spec")
+    real = mutate("model.window", 4096)
+    real["model"]["causal"] = True
+    real["weights"] = {"format": "mxfp8"}
+    # a geometry the reference takes, whose spec file the kernels refuse
+    assert parse_layout(real, "spec.toml", name="spec").weights.block == 32
+    problems = problems_of(tmp_path, real)
+    for field in ("model.window", "model.causal", "weights.format"):
+        assert any(f": {field}: " in p for p in problems), (field, problems)
 
 
 @pytest.mark.parametrize("field", sorted(_PERTURBED))
