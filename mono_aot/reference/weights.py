@@ -43,6 +43,7 @@ import torch
 from mono_aot.reference.fp8 import (
     E4M3FN,
     E8M0_BIAS,
+    E8M0_NAN,
     FP8Format,
     decode,
     e8m0_decode,
@@ -217,6 +218,31 @@ def dequantize_mx(
         raise BadInput(f"mxfp8 scales {list(scales.shape)} do not block codes {list(codes.shape)}")
     vals = decode(codes, MX_CODE_FORMAT, torch.float64).reshape(*codes.shape[:-1], nb, -1)
     return (vals * e8m0_decode(scales)[..., None]).reshape(codes.shape).to(dtype)
+
+
+def mx_codes_as_fnuz(
+    codes: torch.Tensor, scales: torch.Tensor, what: str = "weight"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """mxfp8 weights for an arch whose fp8 instructions read e4m3fnuz (gfx942): the same bits
+    mean half the value in e4m3fnuz (bias 8, not 7), so each scale byte gains one and every
+    finite code keeps its bits; ``decode_fnuz(code') * 2**(byte' - 127)`` is then exactly the
+    checkpoint's value. The codes whose meaning differs are rewritten: e4m3fn's ``-0`` (0x80,
+    e4m3fnuz's NaN) becomes ``+0``, and its NaNs (0x7F, 0xFF: +-240 in e4m3fnuz) become the
+    e4m3fnuz NaN 0x80. A scale byte of 254 (``2**127``) has no successor: ``BadInput``."""
+    if codes.dtype != torch.uint8 or scales.dtype != torch.uint8:
+        raise BadInput(
+            f"{what}: mxfp8 codes and scales must be uint8, got {codes.dtype}, {scales.dtype}"
+        )
+    if bool((scales >= E8M0_NAN - 1).any()):
+        at = torch.nonzero(scales >= E8M0_NAN - 1)[0].tolist()
+        raise BadInput(
+            f"{what}: scale byte {int(scales[tuple(at)])} at {at} has no e4m3fnuz equivalent"
+            " (the largest it can take is 253)"
+        )
+    out = codes.clone()
+    out[codes == 0x80] = 0x00
+    out[(codes & 0x7F) == 0x7F] = 0x80
+    return out, scales + 1
 
 
 def quantize_weight(
@@ -478,6 +504,7 @@ __all__ = [
     "dequantize_shard",
     "dequantize_weight",
     "gemv_shapes",
+    "mx_codes_as_fnuz",
     "pack_layer",
     "pack_model",
     "pack_rank",

@@ -10,7 +10,13 @@ from mono_aot.reference import RequestSpec, make_problem, max_rel_error, run_tp
 from mono_aot.reference.fp8 import e8m0_decode
 from mono_aot.reference.problem import exact_mx_codes, random_model
 from mono_aot.reference.step import key_window
-from mono_aot.reference.weights import dequantize_mx, pack_model, quantize_mx, unshard
+from mono_aot.reference.weights import (
+    dequantize_mx,
+    mx_codes_as_fnuz,
+    pack_model,
+    quantize_mx,
+    unshard,
+)
 from mono_aot.spec.errors import BadInput
 from tests.reference.helpers import real_geometry_one_layer, small_layout
 
@@ -148,3 +154,20 @@ def test_real_geometry_one_layer_against_dense():
     res = run_tp(lay, p.fmt, p.ranks, caches, p.inputs)
     assert res.out.shape == (14, 6144)
     assert max_rel_error(res.out, p.dense()) < 1e-10
+
+
+def test_every_e4m3fn_code_keeps_its_value_in_e4m3fnuz_under_the_next_scale():
+    """gfx942 reads e4m3fnuz: the checkpoint's e4m3fn codes, rewritten for it, decode to the
+    same values under every scale byte that has a successor (all 256 codes)."""
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).repeat(254, 1)  # [byte, code]
+    scales = torch.arange(254, dtype=torch.int32).to(torch.uint8)[:, None].repeat(1, 8)
+    fnuz, s2 = mx_codes_as_fnuz(codes, scales)
+    want = dequantize_mx(codes, scales)  # e4m3fn, as the checkpoint means it
+    unit = torch.pow(2.0, s2.to(torch.float64) - 127).repeat_interleave(32, dim=1)
+    got = fnuz.view(torch.float8_e4m3fnuz).to(torch.float64) * unit  # torch's own fnuz decode
+    assert torch.equal(got.isnan(), want.isnan())
+    ok = ~want.isnan()
+    assert torch.equal(got[ok], want[ok])  # -0 became +0: equal as values
+    assert fnuz[0, 0x80] == 0 and fnuz[0, 0x7F] == fnuz[0, 0xFF] == 0x80
+    with pytest.raises(BadInput, match="scale byte 254 at \\[0, 1\\]"):
+        mx_codes_as_fnuz(codes[:1, :64], torch.tensor([[3, 254]], dtype=torch.uint8))
