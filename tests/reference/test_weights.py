@@ -184,11 +184,12 @@ def test_pack_model_shapes_and_exact_roundtrip(f):
                 assert x == y, fld.name
 
 
+@pytest.mark.parametrize("weights", ["fp8-row", "mxfp8"])
 @pytest.mark.parametrize("f", FORMATS, ids=ids)
-def test_packed_random_model_is_the_packed_float_model(f):
+def test_packed_random_model_is_the_packed_float_model(f, weights):
     """The emulator's model is generated as codes and scales (never in float32): it must be
     the very bytes packing the float model gives, and a problem built on it the same launch."""
-    lay = small_layout()
+    lay = small_layout(weights={"format": weights})
     layers, final = random_model(lay, f, seed=7)
     want = pack_model(layers, final, lay, f)
     got = random_packed_model(lay, f, seed=7)
