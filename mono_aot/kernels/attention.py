@@ -238,8 +238,9 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
     Calling convention (all runtime values are DSL values of the kernel):
 
     - ``prep(bid, tid, layer, n, tab, scratch, cos_sin, pos, slots, health, step)``
-    - ``partial(bid, tid, lds, layer, n, bt_stride, tab, scratch, bt, seq_lens, health, step)``
-    - ``combine(bid, tid, n, scratch, seq_lens)``
+    - ``partial(bid, tid, lds, layer, n, bt_stride, tab, scratch, bt, seq_lens, pos, health,
+      step)``
+    - ``combine(bid, tid, n, scratch, seq_lens, pos)``
 
     ``bid``/``tid``: workgroup and thread id; ``lds``: an LDS pointer (``.ptr`` of an
     ``fx.Array[fx.Int32, lds_words, 16]`` allocation); ``layer``, ``n`` (tokens), ``bt_stride``:
@@ -262,21 +263,33 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
     TPW = ceil_div(g.slots, CTAS)  # attention tasks one workgroup may get (2: slots < 2 CTAs)
     ITEMS = ceil_div(g.max_reqs * QPR * H, (CTAS * WAVES))  # combine rows one wave may get
     ARCH = g.arch
+    WINDOW = layout.model.window  # 0: the whole context
     # words of bf16 pairs a lane feeds one MFMA: 2 (16x16x16) or 4 (16x16x32 on gfx950)
     KW = g.mfma_words
 
     # ---- the split plan: the same numbers in every workgroup and in both attention phases
 
-    def split_plan(n, seq_lens):
-        """(partition length, per request: (length, first task, tasks), total tasks)."""
+    def split_plan(n, seq_lens, pos):
+        """(partition length, per request: (length, first task, tasks, first position), total
+        tasks). With a window, a request's positions start at its first query's window start
+        ``max(0, pos - (WINDOW - 1))``: the blocks below it are never read."""
         reqs = n // QPR
         lens = []
+        starts = []
         for i in range_constexpr(MAXR):
             idx = fx.Int32(i) < reqs
             at = idx.select(fx.Int32(i), fx.Int32(0))
             s = _uniform(_ld(fx.Int32, seq_lens + fx.Int64(at) * 4))
             s = (s > 0).select(s, fx.Int32(0))
-            lens.append(idx.select(s, fx.Int32(0)))
+            lo = fx.Int32(0)
+            if WINDOW:
+                # the low word of the int64 position of the request's first query
+                p = _uniform(_ld(fx.Int32, pos + fx.Int64(at * QPR) * 8))
+                lo = p - (WINDOW - 1)
+                lo = (lo > 0).select(lo, fx.Int32(0))
+                lo = (lo < s).select(lo, s)
+            starts.append(lo)
+            lens.append(idx.select(s - lo, fx.Int32(0)))
         total = lens[0]
         for i in range_constexpr(1, MAXR):
             total = total + lens[i]
@@ -289,7 +302,7 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
             k = (lens[i] + part - 1) // part
             k = (k > 1).select(k, fx.Int32(1))
             k = (fx.Int32(i) < reqs).select(k, fx.Int32(0))
-            reqs_info.append((lens[i], start, k))
+            reqs_info.append((lens[i], start, k, starts[i]))
             start = start + k
         return part, reqs_info, start
 
@@ -302,7 +315,8 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
         return out
 
     def task_of(reqs_info, tau):
-        """[request, its length, its first task, its tasks] of task ``tau``: the request is
+        """[request, its length, its first task, its tasks, its first position] of task
+        ``tau``: the request is
         the number of requests whose tasks end at or before tau."""
         req = fx.Int32(0)
         for k in range_constexpr(MAXR - 1):
@@ -421,10 +435,11 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
         # a select here would make the math wait for the loads it is meant to overlap
         return v0, v1, good.select(fx.Int32(1), fx.Int32(0))
 
-    def chunk_math(lds, c0, p1, nn, grp, qw, acc, m, lsum):
+    def chunk_math(lds, c0, p1, qlo, nn, grp, qw, acc, m, lsum):
         """One staged chunk: scores, online softmax update, P V; returns (acc, m, lsum).
 
-        ``qw``: the lane's 16 words of bf16 q pairs (dims 32 grp .. 32 grp + 31 in order)."""
+        ``qw``: the lane's 16 words of bf16 q pairs (dims 32 grp .. 32 grp + 31 in order);
+        ``qlo``: with a window, the first position the lane's query row sees."""
         lk = _lds(lds, 16)
         lv = _lds(lds, 8)
         sc = []
@@ -440,7 +455,10 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
                 ops = slice(st * KW, st * KW + KW)
                 s = _mfma(kb[ops], qw[ops], s)
             for j in range_constexpr(4):
-                ok = (c0 + g.score_pos(tile, grp, j)) < p1
+                kp = c0 + g.score_pos(tile, grp, j)
+                ok = kp < p1
+                if WINDOW:
+                    ok = ok & (kp >= qlo)
                 sc.append(ok.select(s[j], fx.Float32(-math.inf)))
         mx = sc[0]
         for e in range_constexpr(1, len(sc)):
@@ -474,12 +492,12 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
         return acc, m_new, lsum
 
     @flyc.jit
-    def partial(bid, tid, lds, layer, n, bt_stride, tab, scratch, bt, seq_lens, health, step):
+    def partial(bid, tid, lds, layer, n, bt_stride, tab, scratch, bt, seq_lens, pos, health, step):
         lane = tid % WAVE
         wave = tid // WAVE
         nn = lane % MFMA_N  # the query row of this lane within its wave's 16
         grp = lane // MFMA_N  # which quarter of the dims / positions
-        part, reqs_info, ntasks = split_plan(n, seq_lens)
+        part, reqs_info, ntasks = split_plan(n, seq_lens, pos)
         cache = _tab_i64(tab, layer, abi.T_CACHE)
         nblk = _tab_i64(tab, layer, abi.T_NBLK)
         k_scale = fx.Float32(_ld(fx.Float32, _tab_i64(tab, layer, abi.T_K_SCALE)))
@@ -497,11 +515,14 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
         mine = [task_of(reqs_info, bid + k * CTAS) for k in range(TPW)]
         tau = bid
         while tau < ntasks:
-            req, length, first, tasks = pick(mine, (tau - bid) // CTAS)
-            p0 = (tau - first) * part
+            req, length, first, tasks, lo = pick(mine, (tau - bid) // CTAS)
+            p0 = lo + (tau - first) * part
             p1 = p0 + part
-            p1 = (p1 < length).select(p1, length)
+            p1 = (p1 < lo + length).select(p1, lo + length)
             tok = req * QPR + tok_in_req
+            qlo = fx.Int32(0)
+            if WINDOW:  # this lane's query sees positions above its own minus the window
+                qlo = fx.Int32(_ld(fx.Int32, pos + fx.Int64(tok) * 8)) - (WINDOW - 1)
             # q of this lane's row, dims 32*grp .. +32, scaled, as 8 bf16x4 MFMA operands
             qa = (
                 scratch
@@ -534,7 +555,7 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
                 )
                 blk = block_of(c0 + 2 * CHUNK, p1, req, bt_stride, bt, srow)
                 rocdl.sched_barrier(0)  # issue those loads before the math, not after it
-                acc, m, lsum = chunk_math(lds, c0, p1, nn, grp, qw, acc, m, lsum)
+                acc, m, lsum = chunk_math(lds, c0, p1, qlo, nn, grp, qw, acc, m, lsum)
                 c0 = c0 + CHUNK
             ltot = _xor_sum(lsum, (16, 32))
             # lane holds O^T[dim 32*grp + 8*j + t][row r] in acc[t][j]
@@ -572,10 +593,10 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
     # ---- phase 3: merge the partitions of split requests
 
     @flyc.jit
-    def combine(bid, tid, n, scratch, seq_lens):
+    def combine(bid, tid, n, scratch, seq_lens, pos):
         lane = tid % WAVE
         wave = tid // WAVE
-        part, reqs_info, ntasks = split_plan(n, seq_lens)
+        part, reqs_info, ntasks = split_plan(n, seq_lens, pos)
         # one (token, head) row per wave item, 2 dims per lane; items decoded up front
         items = []
         for k in range_constexpr(ITEMS):
@@ -583,7 +604,7 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
             tok = kappa // H
             req = tok // QPR
             req = (req < MAXR).select(req, fx.Int32(MAXR - 1))
-            _, first, tasks = pick(reqs_info, req)
+            _, first, tasks, _ = pick(reqs_info, req)
             tasks = (kappa < n * H).select(tasks, fx.Int32(0))
             items.append([tok, kappa % H, first, tasks])
         it = fx.Int32(0)
@@ -661,9 +682,11 @@ def probe_launcher(layout: Layout, arch: str, variant: Variant):
         if phase == 0:
             ph.prep(bid, tid, layer, n, tab, scratch, cos_sin, pos, slots, health, step)
         if phase == 1:
-            ph.partial(bid, tid, lds, layer, n, bt_stride, tab, scratch, bt, seq_lens, health, step)
+            ph.partial(
+                bid, tid, lds, layer, n, bt_stride, tab, scratch, bt, seq_lens, pos, health, step
+            )
         if phase == 2:
-            ph.combine(bid, tid, n, scratch, seq_lens)
+            ph.combine(bid, tid, n, scratch, seq_lens, pos)
 
     @flyc.jit
     def launch_attn_probe(

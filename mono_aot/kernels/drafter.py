@@ -206,12 +206,12 @@ def make_launcher(spec: KernelSpec) -> Any:
     def ph_partial(k0, layer):
         k = k0.fresh()
         attn.partial(k.bid, k.tid, k.lds, layer, k.n, k.bt_stride, k.tab, k.scratch, k.bt,
-                     k.seq_lens, k.health, k.step)  # fmt: skip
+                     k.seq_lens, k.pos, k.health, k.step)  # fmt: skip
 
     @flyc.jit
     def ph_combine(k0):
         k = k0.fresh()
-        attn.combine(k.bid, k.tid, k.n, k.scratch, k.seq_lens)
+        attn.combine(k.bid, k.tid, k.n, k.scratch, k.seq_lens, k.pos)
 
     @flyc.jit
     def ph_row_parallel(k0, layer, kind: int):

@@ -803,8 +803,6 @@ def kernel_problems_for(
     if layout.parallel.tp != SUPPORTED_TP:
         out.append(("parallel.tp", f"tp={layout.parallel.tp}; the kernels are written for tp=4"))
     m = layout.model
-    if m.window:
-        out.append(("model.window", f"window={m.window}: the kernels attend the whole context"))
     if m.causal:
         out.append(("model.causal", "the kernels' attention is non-causal within a request"))
     if layout.weights.format != "fp8-row":

@@ -9,6 +9,7 @@ import tomllib
 
 import pytest
 
+from mono_aot.selftest.cases import CONTEXTS
 from mono_aot.spec.layouts import (
     layout_paths_for_tests,
     load_layout,
@@ -59,6 +60,8 @@ def test_it_runs_the_paths_the_shipped_layout_runs():
     assert lay.variants() == ("narrow", "wide")
     assert lay.model.layers >= 2  # the layer loop and the all-reduce's layer parity
     assert lay.model.rotary_dim < lay.model.head_dim  # rotated and unrotated dims
+    # a window that bites some of the selftest's contexts and not others
+    assert min(c for c in CONTEXTS if c) < lay.model.window < max(CONTEXTS)
     assert lay.variant_reqs("narrow") == (1, 1) and lay.variant_reqs("wide") == (2, 5)
     for arch in lay.archs:
         gemv = projection_plans(lay, arch, "narrow")
