@@ -75,11 +75,7 @@ def exact_codes(
     """
     if cols % groups:
         raise BadInput(f"{cols} columns do not split into {groups} groups")
-    width = cols // groups
-    # 256 equiprobable codes of a Gaussian with sigma = max/3.5
-    u = (torch.arange(256, dtype=torch.float64) + 0.5) / 256
-    table = encode(torch.special.ndtri(u) * (fmt.max / 3.5), fmt, saturate=True)
-    rms = float(decode(table, fmt, torch.float64).square().mean().sqrt())
+    table, rms = _gaussian_codes(fmt)
     target = (
         gain
         / (rms * math.sqrt(cols))
@@ -87,6 +83,22 @@ def exact_codes(
     )
     mant, ex = torch.frexp(target)
     scales = torch.ldexp(torch.round(mant * 2.0**16), ex - 16).to(torch.float32)
+    return _draw_codes(rows, cols, groups, table, fmt, gen), scales
+
+
+def _gaussian_codes(fmt: FP8Format) -> tuple[torch.Tensor, float]:
+    """256 equiprobable codes of a Gaussian with sigma = max/3.5, and their RMS value."""
+    u = (torch.arange(256, dtype=torch.float64) + 0.5) / 256
+    table = encode(torch.special.ndtri(u) * (fmt.max / 3.5), fmt, saturate=True)
+    return table, float(decode(table, fmt, torch.float64).square().mean().sqrt())
+
+
+def _draw_codes(
+    rows: int, cols: int, groups: int, table: torch.Tensor, fmt: FP8Format, gen: torch.Generator
+) -> torch.Tensor:
+    """uint8 ``[rows, cols]`` drawn from ``table``, with one ``+-max`` in each of a row's
+    ``groups`` equal column groups (so each group's absmax is the format's max)."""
+    width = cols // groups
     out = torch.empty(rows, cols, dtype=torch.uint8)
     step = max(1, _ROW_CHUNK_ELEMS // cols)
     for r0 in range(0, rows, step):
@@ -97,7 +109,7 @@ def exact_codes(
         sign = torch.randint(0, 2, (r1 - r0, groups, 1), generator=gen, dtype=torch.uint8) << 7
         codes.scatter_(2, at, sign | fmt.max_code)
         out[r0:r1] = codes.reshape(r1 - r0, cols)
-    return out, scales
+    return out
 
 
 @torch.no_grad()
@@ -115,23 +127,11 @@ def exact_mx_codes(
     if cols % block:
         raise BadInput(f"{cols} columns do not split into {block}-input blocks")
     f, nb = MX_CODE_FORMAT, cols // block
-    u = (torch.arange(256, dtype=torch.float64) + 0.5) / 256
-    table = encode(torch.special.ndtri(u) * (f.max / 3.5), f, saturate=True)
-    rms = float(decode(table, f, torch.float64).square().mean().sqrt())
+    table, rms = _gaussian_codes(f)
     base = round(math.log2(gain / (rms * math.sqrt(cols))))
     jitter = torch.randint(-1, 2, (rows, nb), generator=gen, dtype=torch.int32)
     scales = (E8M0_BIAS + base + jitter).clamp(0, E8M0_NAN - 1).to(torch.uint8)
-    out = torch.empty(rows, cols, dtype=torch.uint8)
-    step = max(1, _ROW_CHUNK_ELEMS // cols)
-    for r0 in range(0, rows, step):
-        r1 = min(rows, r0 + step)
-        idx = torch.randint(0, 256, (r1 - r0, cols), generator=gen, dtype=torch.int32)
-        codes = table.index_select(0, idx.reshape(-1)).reshape(r1 - r0, nb, block)
-        at = torch.randint(0, block, (r1 - r0, nb, 1), generator=gen)
-        sign = torch.randint(0, 2, (r1 - r0, nb, 1), generator=gen, dtype=torch.uint8) << 7
-        codes.scatter_(2, at, sign | f.max_code)
-        out[r0:r1] = codes.reshape(r1 - r0, cols)
-    return out, scales
+    return _draw_codes(rows, cols, nb, table, f, gen), scales
 
 
 def _exact_matrix(

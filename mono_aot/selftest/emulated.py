@@ -47,11 +47,11 @@ EMULATED_LAUNCH_S = 0.001
 # What a launch costs the emulator, measured on the shipped layout's kernels on this project's
 # 2-core build host (README, "Emulator"): wave-instructions per byte of one rank's fp8 weights
 # (4 ranks; a 1-request narrow step 440 M on gfx942 and 419 M on gfx950, a 3-request wide step
-# 236 M and 181 M), wave-instructions a second on one idle core (narrow 517-531 k, wide 225-239 k)
-# and resident bytes per model weight (peak 5.9-7.45 GB at 1.67 G weights, the model held as
+# 236 M and 181 M), wave-instructions a second on one core (narrow 1.29-1.53 M, wide 0.50-0.56
+# M) and resident bytes per model weight (peak 5.7-7.2 GB at 1.67 G weights, the model held as
 # fp8 codes and scales: reference.random_packed_model).
 INSTRUCTIONS_PER_WEIGHT_BYTE = {"narrow": 0.264, "wide": 0.142}
-INSTRUCTIONS_PER_SECOND = {"narrow": 520_000, "wide": 230_000}
+INSTRUCTIONS_PER_SECOND = {"narrow": 1_300_000, "wide": 520_000}
 BYTES_PER_WEIGHT = 4.5
 PROGRESS_EVERY = 5_000_000  # wave-instructions between two progress lines on a terminal
 TEST_LAYOUT = "emulator-tiny-tp4"  # the small layout shipped for the emulator (layouts/)
