@@ -11,7 +11,9 @@ separated from the next by the kernel's grid barrier:
    written to the paged cache row of the token's slot (slot -1 writes nothing). One wave per
    task: two q heads (a half wave each), or the token's K and V (the whole 256-byte cache row,
    one dword per lane).
-2. ``partial`` — non-causal paged attention split over (request, KV partition). A task loads
+2. ``partial`` — non-causal paged attention split over (request, KV partition); with a
+   sliding window (``model.window``) a request's partitions start at its first query's window
+   start and each query row masks the positions below its own. A task loads
    every K/V byte of its partition once from the cache (16-byte loads, staged through LDS in
    chunks of ``threads / 8`` positions) and serves all ``qpr x heads`` = 128 query rows of its
    request (the 16 q heads share the rank's one KV head), wave w holding rows 16w..16w+15. Both
@@ -412,7 +414,7 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
 
     def block_of(c0, p1, req, bt_stride, bt, srow):
         """The block id holding position c0 + srow (block-table column 0's for a position past
-        p1: a real entry, never used)."""
+        p1: an entry inside the table, maybe garbage below a window, never dereferenced)."""
         pos = c0 + srow
         bidx = (pos < p1).select(pos // KB, fx.Int32(0))
         addr = bt + (fx.Int64(req) * fx.Int64(bt_stride) + fx.Int64(bidx)) * 4
