@@ -105,13 +105,8 @@ class Target(_Strict):
 
 # Fields that size runner buffers but never reach generated code: left out of the canonical form.
 _NOT_CODEGEN = {("serving", "max_reqs")}
-# Fields added after the first release, with the default that old specs mean by leaving them out.
-_ADDED: dict[tuple[str, str], Any] = {
-    ("model", "window"): 0,
-    ("model", "causal"): False,
-    ("weights", "format"): "fp8-row",
-    ("weights", "block"): 32,
-}
+# Fields added after the first release: a spec that leaves one out means its default.
+_ADDED = {("model", "window"), ("model", "causal"), ("weights", "format"), ("weights", "block")}
 
 
 class Layout(_Strict):
@@ -247,11 +242,12 @@ class Layout(_Strict):
         out: dict[str, Any] = {"layout_schema": LAYOUT_SCHEMA_VERSION}
         for section in ("model", "parallel", "serving", "weights", "kernel"):
             sub = getattr(self, section)
+            schema = type(sub).model_fields
             fields = {
                 k: (float(v) if isinstance(v, float) else v)
                 for k, v in sub.model_dump().items()
                 if (section, k) not in _NOT_CODEGEN
-                and not ((section, k) in _ADDED and v == _ADDED[section, k])
+                and not ((section, k) in _ADDED and v == schema[k].default)
             }
             if fields or section != "weights":  # a section added whole: absent at defaults
                 out[section] = fields
