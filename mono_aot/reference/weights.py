@@ -177,11 +177,6 @@ MX_CODE_FORMAT = E4M3FN
 _MX_EMAX = 8  # the exponent of e4m3fn's largest value, 448 = 1.75 * 2**8
 
 
-def weight_code_format(layout: Layout, fmt: FP8Format | str) -> FP8Format:
-    """The fp8 format of the weight codes: the arch's (``fmt``) for fp8-row, e4m3fn for mxfp8."""
-    return MX_CODE_FORMAT if layout.weights.format == "mxfp8" else resolve_format(fmt)
-
-
 def scale_spec(layout: Layout, rows: int, cols: int) -> tuple[tuple[int, ...], torch.dtype]:
     """Shape and dtype of the scales of a ``[rows, cols]`` GEMV weight (module doc)."""
     if layout.weights.format == "mxfp8":
@@ -516,5 +511,4 @@ __all__ = [
     "shard_layer",
     "stack_layers",
     "unshard",
-    "weight_code_format",
 ]
