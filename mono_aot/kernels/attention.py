@@ -510,7 +510,10 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
         st_word = (seg < 4).select(g.stage_k_word(srow, seg), g.stage_v_word(srow, seg))
         lst = _lds(lds, 16)
         r = wave * MFMA_N + nn  # query row of the request
-        tok_in_req = r // H
+        # rows past the request's qpr x heads (an idle wave when they do not fill the
+        # workgroup, e.g. 7 x 16 of 8 x 16) compute a copy of the last token's and store nothing
+        live = r < R
+        tok_in_req = fx.min(r // H, fx.Int32(QPR - 1))
         head = r % H
         # the (at most TPW) tasks of this workgroup, decoded before the loop so the per-request
         # plan is dead inside it (it would hold 3 scalar registers a request)
@@ -563,33 +566,36 @@ def attention_phases(layout: Layout, arch: str, variant: Variant) -> AttentionPh
             # lane holds O^T[dim 32*grp + 8*j + t][row r] in acc[t][j]
             # out[e] is head dim 32 grp + e: out_dim(grp, j, t) = 32 grp + 8 j + t
             out = [acc[e % 8][e // 8] * v_scale for e in range(32)]
-            if tasks == 1:
-                inv = (ltot > 0.0).select(1.0 / ltot, fx.Float32(0.0))
-                dst = (
-                    scratch + g.off_attn + (fx.Int64(tok) * QR + fx.Int64(head * D + grp * 32)) * 2
-                )
-                for u in range_constexpr(4):
-                    b = fx.Vector.from_elements(
-                        [out[8 * u + e] * inv for e in range(8)], fx.Float32
+            if live:
+                if tasks == 1:
+                    inv = (ltot > 0.0).select(1.0 / ltot, fx.Float32(0.0))
+                    dst = (
+                        scratch
+                        + g.off_attn
+                        + (fx.Int64(tok) * QR + fx.Int64(head * D + grp * 32)) * 2
                     )
-                    _st(fx.Int32, dst + u * 16, b.to(fx.BFloat16).bitcast(fx.Int32), 4)
-            else:
-                prow = fx.Int64(tau) * R + fx.Int64(r)
-                dst = scratch + g.off_part + (prow * D + fx.Int64(grp * 32)) * 4
-                for u in range_constexpr(8):
-                    _st(
-                        fx.Float32,
-                        dst + u * 16,
-                        fx.Vector.from_elements(out[4 * u : 4 * u + 4], fx.Float32),
-                        4,
-                    )
-                if grp == 0:
-                    _st(
-                        fx.Float32,
-                        scratch + g.off_ml + prow * 8,
-                        fx.Vector.from_elements([m, ltot], fx.Float32),
-                        2,
-                    )
+                    for u in range_constexpr(4):
+                        b = fx.Vector.from_elements(
+                            [out[8 * u + e] * inv for e in range(8)], fx.Float32
+                        )
+                        _st(fx.Int32, dst + u * 16, b.to(fx.BFloat16).bitcast(fx.Int32), 4)
+                else:
+                    prow = fx.Int64(tau) * R + fx.Int64(r)
+                    dst = scratch + g.off_part + (prow * D + fx.Int64(grp * 32)) * 4
+                    for u in range_constexpr(8):
+                        _st(
+                            fx.Float32,
+                            dst + u * 16,
+                            fx.Vector.from_elements(out[4 * u : 4 * u + 4], fx.Float32),
+                            4,
+                        )
+                    if grp == 0:
+                        _st(
+                            fx.Float32,
+                            scratch + g.off_ml + prow * 8,
+                            fx.Vector.from_elements([m, ltot], fx.Float32),
+                            2,
+                        )
             tau = tau + CTAS
 
     # ---- phase 3: merge the partitions of split requests

@@ -125,10 +125,6 @@ def _check(layout: Layout, variant: str, wait_ticks: int) -> None:
         raise MonoUnsupported(
             f"layout {layout.name}: tp={layout.parallel.tp}; the kernels are written for tp=4"
         )
-    if layout.serving.qpr % 8:
-        raise MonoUnsupported(
-            f"layout {layout.name}: qpr={layout.serving.qpr} must be a multiple of 8"
-        )
     if not isinstance(wait_ticks, int) or not 0 < wait_ticks < (1 << 62):
         raise BadInput(f"wait_ticks={wait_ticks!r} must be a positive integer")
 

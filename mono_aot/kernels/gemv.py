@@ -75,6 +75,14 @@ def _halving_sum(lists: list[list[Any]], lane: Any) -> list[Any]:
     return [v[0] for v in cur]
 
 
+def _stage(stage: Any, x: Any, vi: Any, t0: Any, last: Any, xs: int, kofs: Any, vrow: int) -> None:
+    """Stage 16-byte vector ``vi`` of the group's tile (token ``t0 + vi // vrow``, clamped to
+    the launch's last token) into LDS."""
+    tok = fx.min(t0 + vi // vrow, last)
+    src = x + (fx.Int64(tok) * xs + kofs) * 2 + fx.Int64(vi % vrow) * 16
+    fx.generic_store(stage + vi * 4, fx.generic_load(gptr(fx.Int32, src, 16), count=4))
+
+
 def _fma_tokens(
     acc: list[list[Any]], wf: list[list[Any]], hl: Any, lane: Any, t0: int, t1: int
 ) -> list[list[Any]]:
@@ -137,11 +145,12 @@ def _rows_pass(base, g: int, lane, wave, r0, cnt, nloc, tid, w, x, n, red, P: Ge
     for tile in range(P.tiles, unroll=1):
         kofs = fx.Int64(tile) * KT
         fx.gpu.barrier()  # the previous tile is consumed
-        for q in range_constexpr(VEC // P.threads):
+        for q in range_constexpr(ceil_div(VEC, P.threads)):
             vi = tid + q * P.threads
-            tok = fx.min(g * G + vi // VROW, last)
-            src = x + (fx.Int64(tok) * XS + kofs) * 2 + fx.Int64(vi % VROW) * 16
-            fx.generic_store(stage + vi * 4, fx.generic_load(gptr(fx.Int32, src, 16), count=4))
+            if const_expr((q + 1) * P.threads <= VEC):
+                _stage(stage, x, vi, g * G, last, XS, kofs, VROW)
+            elif vi < VEC:  # the tile's last vectors (a group of 7 or 14 tokens, say)
+                _stage(stage, x, vi, g * G, last, XS, kofs, VROW)
         fx.gpu.barrier()
         wf = []
         for j in range_constexpr(PW):

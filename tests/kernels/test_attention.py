@@ -169,7 +169,7 @@ def _layout(**overrides) -> Layout:
     [
         ({"model__head_dim": 64}, "head_dim 64"),
         ({"model__kv_heads": 8}, "2 KV heads per rank"),
-        ({"serving__qpr": 4}, "64 query rows per request"),
+        ({"kernel__threads": 256}, "128 query rows per request, but the 4 waves"),
     ],
 )
 def test_unsupported_geometry_is_refused_with_the_reason(overrides, words):
