@@ -15,7 +15,7 @@ Nothing is skipped.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from mono_aot.emulator.elf import CodeObject, KernelCode
 from mono_aot.emulator.isa import FLAT_SEGMENTS, WIDTH, Op, tables
@@ -316,6 +316,12 @@ class Decoder:
             return Instruction(off, (w,), "SOP1", opc, op, op.name, (scalar_operand(d, op.dst),),
                                ("sdst",), fields={"sdst": d})  # fmt: skip
         words, lit = self._words(w, w1, [s0])
+        if op.dst is None:  # s_setpc_b64: a source only
+            if d:
+                raise _Bad(f"{op.name}: sdst must be 0")
+            return Instruction(off, words, "SOP1", opc, op, op.name,
+                               (scalar_operand(s0, op.srcs[0], lit),), ("src0",), literal=lit,
+                               fields={"ssrc0": s0})  # fmt: skip
         ops = (scalar_operand(d, op.dst), scalar_operand(s0, op.srcs[0], lit))
         return Instruction(off, words, "SOP1", opc, op, op.name, ops, ("sdst", "src0"),
                            literal=lit, fields={"sdst": d, "ssrc0": s0})  # fmt: skip
@@ -621,6 +627,17 @@ class Decoder:
         if LITERAL in s:
             raise _Bad("VOP3P cannot take a literal constant on this target")
         n = len(op.srcs)
+        if op.kind in ("acc_read", "acc_write"):
+            if s[1] or s[2] or opsel or neg_lo or neg_hi or clamp:
+                raise _Bad(f"{op.name}: only vdst and src0 may be set")
+            if op.kind == "acc_read":
+                if s[0] < 256:
+                    raise _Bad(f"{op.name}: src0 must be an AGPR")
+                ops = (vreg(vd, "b32"), vreg(s[0] - 256, "b32", "a"))
+            else:
+                ops = (vreg(vd, "b32", "a"), src9(s[0], "b32"))
+            return Instruction(off, (w, w1), "VOP3P", opc, op, op.name, ops, ("vdst", "src0"),
+                               (), fields=f)  # fmt: skip
         ops = [vreg(vd, op.dst)]
         for i, ty in enumerate(op.srcs):
             ops.append(src9(s[i], ty))
@@ -850,6 +867,46 @@ class DecodedKernel:
         return [i.text() for i in self.instructions]
 
 
+LONG_JUMP = "s_setpc_b64"
+
+
+def _resolve_long_jumps(insts: list[Instruction], kernel: str) -> list[Instruction]:
+    """Give each ``s_setpc_b64`` of LLVM's long branch its static target (field ``target``).
+
+    LLVM's branch relaxation (a branch further than the 16-bit word offset reaches, in code
+    over 128 KB) emits ``s_getpc_b64 s[a:a+1]; s_add_u32 sa, sa, lo; s_addc_u32 sa+1, sa+1,
+    hi; s_setpc_b64 s[a:a+1]``: the target is the address after ``s_getpc_b64`` plus the
+    64-bit literal. Any other ``s_setpc_b64`` is a computed jump and stays unresolved (the
+    flow graph refuses it)."""
+    out = list(insts)
+    for i in range(3, len(out)):
+        jump = out[i]
+        if jump.base != LONG_JUMP:
+            continue
+        getpc, lo, hi = out[i - 3], out[i - 2], out[i - 1]
+        reg = jump.operands[0]
+        pc = getpc.operands[0] if getpc.base == "s_getpc_b64" else None
+        ok = (
+            pc is not None
+            and reg.kind == pc.kind == "s"
+            and reg.index == pc.index
+            and lo.base == "s_add_u32"
+            and hi.base == "s_addc_u32"
+            and [(o.kind, o.index) for o in lo.operands[:2]] == [("s", reg.index)] * 2
+            and [(o.kind, o.index) for o in hi.operands[:2]] == [("s", reg.index + 1)] * 2
+            and lo.literal is not None
+            and hi.literal is not None
+        )
+        if not ok:
+            continue
+        delta = (lo.literal | hi.literal << 32) & ((1 << 64) - 1)
+        target = (getpc.offset + getpc.size + delta) & ((1 << 64) - 1)
+        if target >= 1 << 63:
+            target -= 1 << 64
+        out[i] = replace(jump, fields={**jump.fields, "target": target})
+    return out
+
+
 def decode_kernel(code_object: bytes | CodeObject, name: str | None = None) -> DecodedKernel:
     """Decode kernel ``name`` (the only kernel when None) of a code object."""
     co = code_object if isinstance(code_object, CodeObject) else CodeObject(code_object)
@@ -861,8 +918,11 @@ def decode_kernel(code_object: bytes | CodeObject, name: str | None = None) -> D
             )
         name = names[0]
     k = co.kernel(name)
-    insts = Decoder(k.arch).decode(k.code, k.name)
+    insts = _resolve_long_jumps(Decoder(k.arch).decode(k.code, k.name), k.name)
     for inst in insts:
+        if "target" in inst.fields and not (0 <= inst.fields["target"] < len(k.code)):
+            raise DecodeError(k.name, inst.offset, inst.words,
+                              f"long jump target 0x{inst.fields['target']:x} is outside the kernel")  # fmt: skip
         for o in inst.operands:
             if o.kind == "target" and not (0 <= int(o.value) < len(k.code)):
                 raise DecodeError(k.name, inst.offset, inst.words,

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from mono_aot.emulator.decode import DecodedKernel, Instruction, Operand
+from mono_aot.emulator.decode import LONG_JUMP, DecodedKernel, Instruction, Operand
 
 END = "s_endpgm"
 UNCONDITIONAL = "s_branch"
@@ -33,12 +33,23 @@ class FlowError(ValueError):
     """The kernel's control flow cannot be modelled: names the kernel, offset and reason."""
 
 
+def is_long_jump(inst: Instruction) -> bool:
+    """LLVM's long branch, whose target the decoder resolved (``decode._resolve_long_jumps``)."""
+    return inst.base == LONG_JUMP and "target" in inst.fields
+
+
 def is_branch(inst: Instruction) -> bool:
-    return inst.fmt == "SOPP" and inst.op.kind == "branch"
+    return (inst.fmt == "SOPP" and inst.op.kind == "branch") or is_long_jump(inst)
+
+
+def is_unconditional(inst: Instruction) -> bool:
+    return inst.name == UNCONDITIONAL or is_long_jump(inst)
 
 
 def branch_target(inst: Instruction) -> int:
     """The byte offset a branch jumps to."""
+    if is_long_jump(inst):
+        return inst.fields["target"]
     return int(inst.operand("target").value)
 
 
@@ -298,7 +309,7 @@ class FlowGraph:
         for b, _ in lp.exits:
             last = self.blocks[b].last
             term = self.instructions[last]
-            if is_branch(term) and term.name != UNCONDITIONAL:
+            if is_branch(term) and not is_unconditional(term):
                 out.add(last)
                 wanted |= reads(term)
         changed = True
@@ -323,7 +334,7 @@ def build(decoded: DecodedKernel) -> FlowGraph:
     by_offset = {inst.offset: i for i, inst in enumerate(insts)}
     leaders = {0}
     for i, inst in enumerate(insts):
-        if inst.name in _INDIRECT:
+        if inst.name in _INDIRECT and not is_long_jump(inst):
             raise FlowError(f"{name}: offset 0x{inst.offset:x}: {inst.name} is an indirect jump")
         if is_branch(inst) or inst.name == END:
             if i + 1 < len(insts):
@@ -352,7 +363,7 @@ def build(decoded: DecodedKernel) -> FlowGraph:
             pass
         elif is_branch(term):
             t = block_of[by_offset[branch_target(term)]]
-            if term.name != UNCONDITIONAL and last + 1 < len(insts):
+            if not is_unconditional(term) and last + 1 < len(insts):
                 out.append(block_of[last + 1])
             if t not in out:
                 out.append(t)

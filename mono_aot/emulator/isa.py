@@ -149,6 +149,7 @@ SOP1 = {
     26: _op("s_bitset1_b32", "b32", "b32"),
     27: _op("s_bitset1_b64", "b64", "b32"),
     28: _op("s_getpc_b64", "b64"),
+    29: _op("s_setpc_b64", None, "b64"),  # LLVM's long branch: s_getpc, s_add(c)_u32, s_setpc
     32: _op("s_and_saveexec_b64", "b64", "b64"),
     33: _op("s_or_saveexec_b64", "b64", "b64"),
     34: _op("s_xor_saveexec_b64", "b64", "b64"),
@@ -427,6 +428,10 @@ VOP3P = {
     0x31: _op("v_pk_mul_f32", "pf32", "pf32", "pf32"),
     0x32: _op("v_pk_add_f32", "pf32", "pf32", "pf32"),
     0x33: _op("v_pk_mov_b32", "b64", "b64", "b64"),
+    # moves between the VGPR and AGPR files (LLVM spills VGPRs into AGPRs when a kernel's
+    # register budget allows more than 256 of them, e.g. 256-thread workgroups)
+    0x58: _op("v_accvgpr_read_b32", "b32", "b32", kind="acc_read"),
+    0x59: _op("v_accvgpr_write_b32", "b32", "b32", kind="acc_write"),
 }
 # MFMA (VOP3P-MAI): dst and srcC are the accumulator tile, srcA/srcB the operand fragments.
 MAI_GFX942 = {

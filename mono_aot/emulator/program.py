@@ -413,6 +413,11 @@ class Compiler:
         b = inst.base
         srcs = [o for o, r in zip(inst.operands, inst.roles, strict=True) if r.startswith("src")]
         regs = self._regs(inst, ("src0", "src1"), ("sdst",))
+        if b == "s_setpc_b64":  # LLVM's long branch, resolved by the decoder
+            if "target" not in inst.fields or inst.fields["target"] not in self.index:
+                raise LoadError(f"s_setpc_b64 at 0x{inst.offset:x} is a computed jump")
+            t = self.index[inst.fields["target"]]
+            return (lambda w: t, *regs)
         if inst.fmt == "SOPK":
             d = inst.operand("sdst")
             k = int(inst.operand("simm16").value)

@@ -678,6 +678,8 @@ def _build() -> dict[str, LaneOp]:
     t: dict[str, LaneOp] = {
         # moves and selects
         "v_mov_b32": lambda ctx, s0: s0.astype(np.uint32, copy=True),
+        "v_accvgpr_read_b32": lambda ctx, s0: s0.astype(np.uint32, copy=True),
+        "v_accvgpr_write_b32": lambda ctx, s0: s0.astype(np.uint32, copy=True),
         "v_mov_b64": lambda ctx, s0: _pair(_u64(s0)),
         "v_cndmask_b32": _cndmask,
         # 32-bit integer add/sub

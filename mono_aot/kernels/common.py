@@ -93,6 +93,31 @@ def bf16_pack(a: Any, b: Any) -> Any:
     return v.bitcast(fx.Int32)[0]
 
 
+def fn_as_fnuz(word: Any) -> Any:
+    """Four e4m3fn codes in the form an e4m3fnuz arch reads as half their values (mxfp8 on
+    gfx942; the scale doubles, ``e8m0_to_f32``): the one finite code whose meaning differs is
+    fn's -0 (0x80, fnuz's NaN), so every byte whose low 7 bits are zero loses its sign bit.
+    fn's NaNs (0x7F, 0xFF) the runner refuses at bind time (mono_aot/runtime/runner.py)."""
+    w = fx.Int32(word)
+    nonzero = ((w & 0x7F7F7F7F) + 0x7F7F7F7F) & -0x7F7F7F80  # bit 7 of a byte: low 7 bits != 0
+    return w & (nonzero | 0x7F7F7F7F)
+
+
+def scale_byte(word: Any, shift: Any) -> Any:
+    """Byte ``shift / 8`` of an Int32 word of E8M0 scale bytes."""
+    return (fx.Int32(word) >> shift) & 0xFF
+
+
+def e8m0_to_f32(byte: Any, fnuz: bool) -> Any:
+    """``2**(byte - 127)`` as f32; on an e4m3fnuz arch ``2**(byte - 126)`` (its codes read
+    e4m3fn values halved, ``fn_as_fnuz``). Byte 0 is ``2**-127``, a denormal; byte 255 (NaN)
+    and bytes whose product with 448 leaves f32 the runner refuses."""
+    b = fx.Int32(byte)
+    if fnuz:
+        return ((b + 1) << 23).bitcast(fx.Float32)
+    return (b == 0).select(fx.Int32(0x00400000), b << 23).bitcast(fx.Float32)
+
+
 def fp8x4_to_f32(word: Any) -> list[Any]:
     """Four fp8 codes of one Int32 word -> four f32, by ``v_cvt_pk_f32_fp8`` (the arch's
     format: e4m3fnuz on gfx942, e4m3fn on gfx950)."""

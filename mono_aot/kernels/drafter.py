@@ -188,7 +188,7 @@ def make_launcher(spec: KernelSpec) -> Any:
         def emit(tok, row, v):
             gptr(fx.Float32, qkv_a + (fx.Int64(tok) * QKV + fx.Int64(row)) * 4).store(v * rstd[tok])
 
-        run(k.bid, k.tid, k.stacked("qkv_w", layer, W_QKV), k.stacked("qkv_s", layer, QKV * 4),
+        run(k.bid, k.tid, k.stacked("qkv_w", layer, W_QKV), k.stacked("qkv_s", layer, proj.qkv.scale_layer_bytes),
             k.scr("h"), k.n, k.lds, proj.qkv, emit)  # fmt: skip
 
     @flyc.jit
@@ -220,10 +220,10 @@ def make_launcher(spec: KernelSpec) -> Any:
             tile[tok * RS + (row - r0)] = v
 
         if const_expr(kind == 0):
-            run(k.bid, k.tid, k.stacked("o_w", layer, W_O), k.stacked("o_s", layer, H * 4),
+            run(k.bid, k.tid, k.stacked("o_w", layer, W_O), k.stacked("o_s", layer, proj.o.scale_layer_bytes),
                 k.scr("attn"), k.n, k.lds, proj.o, emit)  # fmt: skip
         else:
-            run(k.bid, k.tid, k.stacked("d_w", layer, W_D), k.stacked("d_s", layer, H * 4),
+            run(k.bid, k.tid, k.stacked("d_w", layer, W_D), k.stacked("d_s", layer, proj.down.scale_layer_bytes),
                 k.scr("act"), k.n, k.lds, proj.down, emit)  # fmt: skip
         allreduce.push(k, k.n, tile, layer, kind)
 
@@ -253,7 +253,7 @@ def make_launcher(spec: KernelSpec) -> Any:
             a = pointwise.swiglu(k, gate * rstd[tok], up * rstd[tok])
             pointwise.store_bf16(act_a + (fx.Int64(tok) * MLP + fx.Int64(j)) * 2, a)
 
-        run(k.bid, k.tid, k.stacked("gu_w", layer, W_GU), k.stacked("gu_s", layer, 2 * MLP * 4),
+        run(k.bid, k.tid, k.stacked("gu_w", layer, W_GU), k.stacked("gu_s", layer, proj.gu.scale_layer_bytes),
             k.scr("h"), k.n, k.lds, proj.gu, emit)  # fmt: skip
 
     @flyc.jit

@@ -1,6 +1,8 @@
 """The VALU fp8 GEMV phase: fp8 weight rows times bf16 activations, fp32 accumulation.
 
-``out[t, r] = s[r] * sum_k decode(W[r, k]) * x[t, k]``, the same contract and signature as the
+``out[t, r] = s[r] * sum_k decode(W[r, k]) * x[t, k]`` (mxfp8: ``sum_k decode(W[r, k]) *
+s[r, k // block] * x[t, k]``, each lane scaling its 16-input partial sums by their block's
+E8M0 scale, read once per tile as one aligned word), the same contract and signature as the
 MFMA phase (``mono_aot.kernels.mfma.mfma_gemm``), so the kernel body can use either:
 rows split balanced across workgroups (workgroup c owns ``[c*R//ctas, (c+1)*R//ctas)``; pair
 plans the same run of gate rows and of up rows), ``emit(tok, row, value)`` (pairs: ``emit(tok,
@@ -31,7 +33,15 @@ import flydsl.expr as fx
 from flydsl.expr import const_expr, range_constexpr, rocdl
 from flydsl.expr.typing import T
 
-from mono_aot.kernels.common import bf16_hi, bf16_lo, fp8x4_to_f32, gptr
+from mono_aot.kernels.common import (
+    bf16_hi,
+    bf16_lo,
+    e8m0_to_f32,
+    fn_as_fnuz,
+    fp8x4_to_f32,
+    gptr,
+    scale_byte,
+)
 from mono_aot.spec.plans import (  # noqa: F401 (GemvPlan, PlanError: re-exported)
     GEMV_KT,
     GEMV_LANE_K,
@@ -84,9 +94,18 @@ def _stage(stage: Any, x: Any, vi: Any, t0: Any, last: Any, xs: int, kofs: Any, 
 
 
 def _fma_tokens(
-    acc: list[list[Any]], wf: list[list[Any]], hl: Any, lane: Any, t0: int, t1: int
+    acc: list[list[Any]],
+    wf: list[list[Any]],
+    hl: Any,
+    lane: Any,
+    t0: int,
+    t1: int,
+    sc: list[Any] | None = None,
 ) -> list[list[Any]]:
-    """acc[m][t] += dot(wf[m], x[t]) for tokens t0..t1-1 of the staged tile."""
+    """acc[m][t] += dot(wf[m], x[t]) for tokens t0..t1-1 of the staged tile; with mxfp8 block
+    scales ``sc`` (per row m) acc[m][t] += sc[m] * dot(wf[m], x[t]): one more FMA per (row,
+    token) and no register more than fp8-row (scaling the 16 weights first spilled 127-194
+    VGPRs of the shipped narrow kernel)."""
     acc = [list(a) for a in acc]
     for t in range(t0, t1):
         base = t * (KT // 2) + lane * (LANE_K // 2)  # int32 words: bf16 pairs
@@ -98,18 +117,26 @@ def _fma_tokens(
             xf.append(bf16_lo(w))
             xf.append(bf16_hi(w))
         for m in range(len(wf)):
-            a = acc[m][t]
-            for e in range(LANE_K):
-                a = fx.math.fma(wf[m][e], xf[e], a)
-            acc[m][t] = a
+            if sc is None:
+                a = acc[m][t]
+                for e in range(LANE_K):
+                    a = fx.math.fma(wf[m][e], xf[e], a)
+                acc[m][t] = a
+            else:
+                a = wf[m][0] * xf[0]
+                for e in range(1, LANE_K):
+                    a = fx.math.fma(wf[m][e], xf[e], a)
+                acc[m][t] = fx.math.fma(a, sc[m], acc[m][t])
     return acc
 
 
 @flyc.jit
-def _fma_tokens_if(active: Any, acc: Any, wf: Any, hl: Any, lane: Any, t0: int, t1: int) -> Any:
+def _fma_tokens_if(
+    active: Any, acc: Any, wf: Any, hl: Any, lane: Any, t0: int, t1: int, sc: Any = None
+) -> Any:
     out = acc
     if active:
-        out = _fma_tokens(acc, wf, hl, lane, t0, t1)
+        out = _fma_tokens(acc, wf, hl, lane, t0, t1, sc)
     return out
 
 
@@ -119,12 +146,17 @@ def _plus(base: Any, v: Any) -> Any:
 
 
 @flyc.jit
-def _rows_pass(base, g: int, lane, wave, r0, cnt, nloc, tid, w, x, n, red, P: GemvPlan) -> Any:
+def _rows_pass(base, g: int, lane, wave, r0, cnt, nloc, tid, w, s, x, n, red, P: GemvPlan) -> Any:
     """One row pass of one token group: the local rows ``base + wave + j * waves`` (j <
     ``pass_per_wave``) through the whole K loop, reduced into the LDS out tile (returned)."""
     G, NR, K, XS, NW, PW = P.group, P.seg_rows, P.cols, P.xs, P.waves, P.pass_per_wave
     # the wave's local rows; past nloc: load a valid row, never emitted
     w_lane = []
+    s_lane = []  # mxfp8: byte offset of the aligned word holding each row's tile-0 scale
+    if const_expr(P.mx_block):
+        blk = (lane * LANE_K) // P.mx_block  # the block of the lane's 16 bytes in a tile
+        sword = blk & ~3
+        shift = (blk & 3) * 8
     for j in range_constexpr(PW):
         i = fx.min(_plus(base, wave + j * NW), nloc - 1)
         if const_expr(P.pairs):
@@ -133,6 +165,8 @@ def _rows_pass(base, g: int, lane, wave, r0, cnt, nloc, tid, w, x, n, red, P: Ge
         else:
             row = r0 + i
         w_lane.append(w + fx.Int64(row) * K + fx.Int64(lane * LANE_K))
+        if const_expr(P.mx_block):
+            s_lane.append(row * P.scale_row_bytes + sword)
     stage = fx.recast_iter(fx.Pointer[fx.Int32, fx.AddressSpace.Shared, 16].ir_type, red)
     outt = (
         fx.recast_iter(fx.Pointer[fx.Float32, fx.AddressSpace.Shared, 16].ir_type, red)
@@ -153,18 +187,22 @@ def _rows_pass(base, g: int, lane, wave, r0, cnt, nloc, tid, w, x, n, red, P: Ge
                 _stage(stage, x, vi, g * G, last, XS, kofs, VROW)
         fx.gpu.barrier()
         wf = []
+        sc = [] if P.mx_block else None
         for j in range_constexpr(PW):
             wv = fx.generic_load(gptr(fx.Int32, w_lane[j] + kofs, 16), count=4, nontemporal=True)
             f = []
             for e in range_constexpr(4):
-                f += fp8x4_to_f32(wv[e])
+                f += fp8x4_to_f32(fn_as_fnuz(wv[e]) if P.fnuz else wv[e])
+            if const_expr(P.mx_block):  # the block's scale (a power of two)
+                at = s + fx.Int64(s_lane[j] + tile * (KT // P.mx_block))
+                sc.append(e8m0_to_f32(scale_byte(gptr(fx.Int32, at, 4).load(), shift), P.fnuz))
             wf.append(f)
         for b in range_constexpr(ceil_div(G, SUB)):
             t0, t1 = b * SUB, min(G, (b + 1) * SUB)
             if const_expr(g == 0 and b == 0):
-                acc = _fma_tokens(acc, wf, stage, lane, t0, t1)
+                acc = _fma_tokens(acc, wf, stage, lane, t0, t1, sc)
             else:
-                acc = _fma_tokens_if(n > g * G + t0, acc, wf, stage, lane, t0, t1)
+                acc = _fma_tokens_if(n > g * G + t0, acc, wf, stage, lane, t0, t1, sc)
     # lane sums: value index v = j * G + t, padded to a power of two; lane l ends up with
     # index l >> shift, which goes to the out tile [local row][token]
     V = P.red_values
@@ -191,11 +229,11 @@ def _group(g: int, wg, tid, w, s, x, n, red, P: GemvPlan, emit: Callable[..., No
     cnt = ((wg + 1) * NR) // P.ctas - r0
     nloc = cnt * _halves(P)  # local rows: [gate rows | up rows] for pair plans
     if const_expr(P.passes == 1):
-        outt = _rows_pass(0, g, lane, wave, r0, cnt, nloc, tid, w, x, n, red, P)
+        outt = _rows_pass(0, g, lane, wave, r0, cnt, nloc, tid, w, s, x, n, red, P)
     else:
         for p in range(P.passes, unroll=1):
-            _rows_pass(fx.Int32(p) * P.pass_rows, g, lane, wave, r0, cnt, nloc, tid, w, x, n,
-                       red, P)  # fmt: skip
+            _rows_pass(fx.Int32(p) * P.pass_rows, g, lane, wave, r0, cnt, nloc, tid, w, s, x,
+                       n, red, P)  # fmt: skip
         outt = (
             fx.recast_iter(fx.Pointer[fx.Float32, fx.AddressSpace.Shared, 16].ir_type, red)
             + P.stage_bytes // 4
@@ -209,9 +247,13 @@ def _group(g: int, wg, tid, w, s, x, n, red, P: GemvPlan, emit: Callable[..., No
         tok = g * G + t
         if tok < n:
             row = r0 + u
-            v = outt[u * G + t] * gptr(fx.Float32, s + fx.Int64(row) * 4).load()
+            v = outt[u * G + t]
+            if const_expr(not P.mx_block):  # fp8-row: the row's scale (mxfp8's are applied)
+                v = v * gptr(fx.Float32, s + fx.Int64(row) * 4).load()
             if const_expr(P.pairs):
-                vu = outt[(cnt + u) * G + t] * gptr(fx.Float32, s + fx.Int64(row + NR) * 4).load()
+                vu = outt[(cnt + u) * G + t]
+                if const_expr(not P.mx_block):
+                    vu = vu * gptr(fx.Float32, s + fx.Int64(row + NR) * 4).load()
                 emit(tok, row, v, vu)
             else:
                 emit(tok, row, v)
@@ -222,7 +264,8 @@ def _group(g: int, wg, tid, w, s, x, n, red, P: GemvPlan, emit: Callable[..., No
 @flyc.jit
 def gemv_rows(wg, tid, w, s, x, n, red, plan: GemvPlan, emit: Callable[..., None]) -> None:
     """One GEMV phase for workgroup ``wg`` (Int32) and thread ``tid``. ``w``: Int64 address of
-    this layer's fp8 matrix ``[rows, cols]``; ``s``: fp32 scales ``[rows]``; ``x``: bf16
+    this layer's fp8 matrix ``[rows, cols]``; ``s``: fp32 scales ``[rows]`` (mxfp8: E8M0
+    bytes ``[rows, cols / block]``); ``x``: bf16
     activations ``[n, x_stride]`` (16-byte aligned rows); ``n``: Int32 tokens (at most
     ``plan.max_tokens``); ``red``: LDS pointer of at least ``plan.lds_bytes`` (16-byte aligned);
     ``emit`` as in the module docstring. Ends with a workgroup barrier."""

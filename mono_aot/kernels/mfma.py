@@ -39,7 +39,7 @@ import flydsl.expr as fx
 from flydsl.expr import const_expr, range_constexpr, rocdl
 from flydsl.expr.typing import T
 
-from mono_aot.kernels.common import opaque
+from mono_aot.kernels.common import e8m0_to_f32, fn_as_fnuz, opaque, scale_byte
 from mono_aot.spec.layouts import Layout, Variant
 from mono_aot.spec.plans import (  # noqa: F401 (GemmPlan, PlanError, MFMA_K: re-exported)
     CHUNK,
@@ -199,6 +199,18 @@ def _fp8x4_to_bf16x4(word: Any) -> tuple[Any, Any]:
     return out[0], out[1]
 
 
+def _mx_to_bf16x4(word: Any, sc: Any, fnuz: bool) -> tuple[Any, Any]:
+    """``_fp8x4_to_bf16x4`` of mxfp8 codes times their block's scale ``sc`` (a power of two):
+    the f32 product is exact, and its high half too while it stays inside bf16's normal range
+    (scale bytes 3..246, the runner's bound)."""
+    w = fn_as_fnuz(word) if fnuz else fx.Int32(word)
+    out = []
+    for hi in (False, True):
+        f2 = fx.Vector(rocdl.cvt_pk_f32_fp8(T.f32x2, w, hi))
+        out.append(bf16_pair((f2[0] * sc).bitcast(fx.Int32), (f2[1] * sc).bitcast(fx.Int32)))
+    return out[0], out[1]
+
+
 def bf16_pair(lo_bits: Any, hi_bits: Any) -> Any:
     """The high halves of two f32 bit patterns packed into one i32, ``lo``'s in bits 0..15
     (one v_perm_b32): the bf16 pair when the low halves are zero."""
@@ -282,6 +294,12 @@ def _setup(P, emit, s, red, wg, tid, n, x, w, base=0):
     c.r0, c.cnt = cta_run(P, fx.Int32(wg))
     c.base = base
     c.w_lane = _w_lanes(c, w, lr, grp)
+    c.grp = grp
+    if const_expr(P.mx_block):  # each row tile's row of E8M0 bytes
+        c.s_row = [
+            s + fx.Int64(lane_row(P, c.r0, c.cnt, m, lr, c.base)) * P.scale_row_bytes
+            for m in range(P.row_tiles)
+        ]
     c.x_lane = []
     for t in range_constexpr(NT):
         tok = lane_tok(t, lr, c.n)
@@ -363,6 +381,11 @@ def _load_chunk(c, nt, q):
     w_step = lane_k(c.P, 0, 0, 1)  # K positions between a wave's consecutive chunks
     x_step = w_step * 2  # bf16 bytes
     ws = [_load16(wa + q * w_step, stream=True) for wa in c.w_lane]
+    if const_expr(c.P.mx_block):  # with each weight load, the aligned word of its scale byte
+        blk = lane_k(c.P, c.wave, c.grp, q) // c.P.mx_block
+        shift = (blk & 3) * 8
+        sw = [_gptr(fx.Int32, sa + fx.Int64(blk & ~3), 4).load() for sa in c.s_row]
+        ws = [(v, sw[m], shift) for m, v in enumerate(ws)]
     xs = []
     for xa in c.x_lane[:nt]:
         a = _load16(xa + q * x_step)
@@ -395,8 +418,14 @@ def _kloop(c, nt):
         a_ops = []  # a_ops[m][i]: A operand of K step i (the lane's positions i*lane_k ...)
         for m in range(MT):
             words = []
-            for d in range(4):
-                words.extend(_fp8x4_to_bf16x4(ws[m][d]))
+            if P.mx_block:
+                wv, sw, shift = ws[m]
+                sc = e8m0_to_f32(scale_byte(sw, shift), P.fnuz)
+                for d in range(4):
+                    words.extend(_mx_to_bf16x4(wv[d], sc, P.fnuz))
+            else:
+                for d in range(4):
+                    words.extend(_fp8x4_to_bf16x4(ws[m][d]))
             a_ops.append([_operand(words[i * wpm : (i + 1) * wpm]) for i in range(steps)])
         for t in range(nt):
             b_ops = [_operand(xs[t][i * wpm : (i + 1) * wpm]) for i in range(steps)]
@@ -433,18 +462,22 @@ def _reduce_round(c, acc, tiles):
             for wv in range(NW):
                 tot = tot + c.red[red_read(P, tr, wv, seg * HT + r // TILE, f)]
             sums.append(tot)
-        _emit_scaled_if(valid, c.emit, c.s, tok, c.r0 + rr, sums, P.seg_rows, P.pairs)
+        _emit_scaled_if(valid, c.emit, c.s, tok, c.r0 + rr, sums, P.seg_rows, P.pairs, P.mx_block)
     fx.gpu.barrier()
 
 
 @flyc.jit
-def _emit_scaled_if(valid, emit, s, tok, row, sums, seg_rows: int, pairs: bool):
+def _emit_scaled_if(valid, emit, s, tok, row, sums, seg_rows: int, pairs: bool, mx: int):
+    """Emit with the row scale applied (fp8-row; mxfp8's scales are in the weights)."""
     if valid:
-        sp = _gptr(fx.Float32, s, 4)
-        vals = [sums[0] * fx.generic_load(fx.add_offset(sp, row))]
-        if const_expr(pairs):
-            vals.append(sums[1] * fx.generic_load(fx.add_offset(sp, row + seg_rows)))
-        emit(tok, row, *vals)
+        if const_expr(mx):
+            emit(tok, row, *sums)
+        else:
+            sp = _gptr(fx.Float32, s, 4)
+            vals = [sums[0] * fx.generic_load(fx.add_offset(sp, row))]
+            if const_expr(pairs):
+                vals.append(sums[1] * fx.generic_load(fx.add_offset(sp, row + seg_rows)))
+            emit(tok, row, *vals)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -495,7 +528,7 @@ def standalone_launcher(layout: Layout, arch: str, lds_budget: int | None = None
         ):
             p = plans[name]
             w_l = w + lay * (p.rows * p.cols)
-            s_l = s + lay * (p.rows * 4)
+            s_l = s + lay * p.scale_layer_bytes
             if const_expr(p.pairs):
                 emit = store_pairs_f32(out, p.rows, p.seg_rows)
             else:

@@ -116,6 +116,39 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.uint8 else t.view(torch.uint8)
 
 
+# The largest E8M0 byte the kernels serve exactly: 448 * 2**(246 - 127) < 2**128 stays inside
+# f32 and bf16 (the wide kernel rounds scaled weights to bf16; mono_aot/kernels/mfma.py).
+MX_MAX_SCALE_BYTE = 246
+
+
+def _mx_weight(w: torch.Tensor, s: torch.Tensor, layout: Layout, what: str) -> tuple:
+    """An mxfp8 weight's codes and E8M0 bytes as the kernels read them, unchanged (no copy):
+    e4m3fn codes with no NaN (on gfx942 a NaN code would read as a finite e4m3fnuz value) and
+    scale bytes up to ``MX_MAX_SCALE_BYTE``."""
+    rows, cols = w.shape
+    blocks = cols // layout.weights.block
+    if s.element_size() != 1 or tuple(s.shape) != (rows, blocks):
+        raise MonoUnsupported(
+            f"{what}.weight_scale is {s.dtype} {tuple(s.shape)}; the kernels read one E8M0 "
+            f"byte per {layout.weights.block} inputs ({rows}, {blocks})"
+        )
+    codes, scales = _as_bytes(w).contiguous(), _as_bytes(s).contiguous()
+    nan = (codes & 0x7F) == 0x7F
+    if bool(nan.any()):
+        at = nan.nonzero()[0].tolist()
+        raise MonoUnsupported(
+            f"{what}.weight has a NaN code (0x{int(codes[tuple(at)]):02x}) at {at}"
+        )
+    big = scales > MX_MAX_SCALE_BYTE
+    if bool(big.any()):
+        at = big.nonzero()[0].tolist()
+        raise MonoUnsupported(
+            f"{what}.weight_scale has byte {int(scales[tuple(at)])} at {at}; the kernels serve "
+            f"E8M0 bytes up to {MX_MAX_SCALE_BYTE} (larger ones overflow f32 and bf16)"
+        )
+    return codes, scales
+
+
 def layer_weights(layer: Any, layout: Layout, where: str) -> dict[str, torch.Tensor]:
     """One draft layer's tensors under the packed names; ``MonoUnsupported`` names a wrong one."""
     import torch
@@ -137,6 +170,9 @@ def layer_weights(layer: Any, layout: Layout, where: str) -> dict[str, torch.Ten
                 f"{where}: {path}.weight is {w.dtype} {tuple(w.shape)}; the kernels read fp8 "
                 f"codes ({rows}, {cols})"
             )
+        if layout.weights.format == "mxfp8":
+            out[f"{name}_w"], out[f"{name}_s"] = _mx_weight(w, s, layout, f"{where}: {path}")
+            continue
         if s.dtype != torch.float32 or s.numel() != rows:
             raise MonoUnsupported(
                 f"{where}: {path}.weight_scale is {s.dtype} {tuple(s.shape)}; the kernels read "

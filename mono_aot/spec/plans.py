@@ -69,6 +69,26 @@ class ProjectionRows:
         """Most rows (or row pairs) one workgroup owns."""
         return ceil_div(self.seg_rows, self.ctas)
 
+    @property
+    def scale_row_bytes(self) -> int:
+        """Scale bytes of one weight row: one fp32, or one E8M0 byte per ``mx_block`` inputs."""
+        return self.cols // self.mx_block if self.mx_block else 4
+
+    @property
+    def scale_layer_bytes(self) -> int:
+        """Scale bytes of one layer's matrix (the stride of the stacked ``*_s`` tensor)."""
+        return self.rows * self.scale_row_bytes
+
+    def mx_problems(self) -> list[tuple[str, str]]:
+        """A lane reads 16 weight bytes of one block and its row's scales as aligned words."""
+        if self.mx_block and (self.mx_block % 16 or self.cols % (4 * self.mx_block)):
+            return [(
+                "cols",
+                f"mxfp8 block {self.mx_block}: it must be a multiple of 16 and cols={self.cols} "
+                "a multiple of 4 blocks",
+            )]  # fmt: skip
+        return []
+
     def cta_rows(self, cta: int) -> tuple[int, int]:
         """[first, end) of the rows (or row pairs) workgroup ``cta`` owns (host-side mirror)."""
         return (cta * self.seg_rows // self.ctas, (cta + 1) * self.seg_rows // self.ctas)
@@ -85,6 +105,9 @@ GEMV_MAX_GROUP = 16  # tokens whose activations one K pass stages
 # shipped counts use at most 3; 4 rows of 16 tokens spilled 44-64 VGPRs (gfx942 at 228, 80 and
 # 38 CTAs, gfx950 at 32), 3 per pass built clean.
 GEMV_MAX_PASS_ROWS = 3
+# mxfp8 holds each row's scale and its word offset too: 3 rows of 14 tokens spilled 17 (gfx942,
+# 304 CTAs) and 72 (gfx950, 256) VGPRs of the real model's narrow kernel
+GEMV_MAX_PASS_ROWS_MX = 2
 
 
 @dataclass(frozen=True)
@@ -103,6 +126,8 @@ class GemvPlan(ProjectionRows):
     pairs: bool = False
     x_stride: int = 0
     lds_budget: int = 0  # unused: the staging tile's size is fixed by the group size
+    mx_block: int = 0  # 0: one fp32 scale per row; else one E8M0 byte per mx_block inputs
+    fnuz: bool = False  # mxfp8 on an e4m3fnuz arch: e4m3fn codes read as half their value
 
     def __post_init__(self) -> None:
         problems: list[tuple[str, str]] = []
@@ -123,6 +148,7 @@ class GemvPlan(ProjectionRows):
             )
         if self.max_tokens <= 0:
             problems.append(("tokens", f"max_tokens={self.max_tokens} must be positive"))
+        problems += self.mx_problems()
         _raise(f"GemvPlan({self.rows}x{self.cols})", problems)
 
     @property
@@ -135,7 +161,8 @@ class GemvPlan(ProjectionRows):
     def pass_limit(self) -> int:
         """Most rows per wave in one pass: their (row, token) sums fill the 64 lanes at most,
         and the registers hold ``GEMV_MAX_PASS_ROWS`` rows of weights and sums."""
-        return max(1, min(WAVE // self.group, GEMV_MAX_PASS_ROWS))
+        most = GEMV_MAX_PASS_ROWS_MX if self.mx_block else GEMV_MAX_PASS_ROWS
+        return max(1, min(WAVE // self.group, most))
 
     @property
     def passes(self) -> int:
@@ -236,6 +263,8 @@ class GemmPlan(ProjectionRows):
     lds_budget: int = DEFAULT_LDS_BUDGET
     min_tokens: int = 1  # the fewest tokens a caller passes (a speed hint: any n <= max is right)
     mfma_k: int = 16  # 16: v_mfma_f32_16x16x16_bf16 (gfx942); 32: v_mfma_f32_16x16x32_bf16 (gfx950)
+    mx_block: int = 0  # as GemvPlan
+    fnuz: bool = False
 
     def __post_init__(self) -> None:
         problems: list[tuple[str, str]] = []
@@ -268,6 +297,7 @@ class GemmPlan(ProjectionRows):
                 "cols",
                 f"x_stride={self.x_stride} must be >= cols and a multiple of 8 (16 bytes)",
             ))  # fmt: skip
+        problems += self.mx_problems()
         _raise(f"GemmPlan({self.rows}x{self.cols})", problems)
         if self.lds_budget < self.min_round_bytes:
             raise PlanError(
@@ -347,7 +377,8 @@ class GemmPlan(ProjectionRows):
 
     def prefetch_for(self, nt: int) -> int:
         """Chunks whose loads are in flight ahead of the one being multiplied (by VGPR budget)."""
-        per_chunk = 4 * self.row_tiles + 8 * nt  # VGPRs one chunk's loads occupy
+        # VGPRs one chunk's loads occupy (mxfp8: and a scale word per row tile)
+        per_chunk = (5 if self.mx_block else 4) * self.row_tiles + 8 * nt
         return (
             max(1, min(self.chunks_per_wave - 1, PREFETCH_VGPRS // per_chunk))
             if self.chunks_per_wave > 1
@@ -391,6 +422,8 @@ def _plan_kwargs(
         "max_tokens": layout.variant_tokens(variant),
         "threads": layout.kernel.threads,
     }
+    if layout.weights.format == "mxfp8":
+        common.update(mx_block=layout.weights.block, fnuz=arch_info(arch).fp8_format == "e4m3fnuz")
     if gemm == "mfma":
         if arch not in MFMA_K:
             raise ValueError(
@@ -801,10 +834,6 @@ def kernel_problems_for(
     m = layout.model
     if m.causal:
         out.append(("model.causal", "the kernels' attention is non-causal within a request"))
-    if layout.weights.format != "fp8-row":
-        out.append(
-            ("weights.format", f"{layout.weights.format}: the kernels read fp8-row weights only")
-        )
     attn = attention_problems(layout)
     out += [(f, f"the attention phases do not support {r}") for f, r in attn]
     if out:
