@@ -870,6 +870,15 @@ class DecodedKernel:
 LONG_JUMP = "s_setpc_b64"
 
 
+def _constant(o: Operand, literal: int | None) -> int | None:
+    """The 32 bits of a literal or inline integer source; None for anything else."""
+    if o.kind == "literal":
+        return literal
+    if o.kind == "const" and isinstance(o.value, int):
+        return o.value & 0xFFFFFFFF
+    return None
+
+
 def _resolve_long_jumps(insts: list[Instruction], kernel: str) -> list[Instruction]:
     """Give each ``s_setpc_b64`` of LLVM's long branch its static target (field ``target``).
 
@@ -894,12 +903,11 @@ def _resolve_long_jumps(insts: list[Instruction], kernel: str) -> list[Instructi
             and hi.base == "s_addc_u32"
             and [(o.kind, o.index) for o in lo.operands[:2]] == [("s", reg.index)] * 2
             and [(o.kind, o.index) for o in hi.operands[:2]] == [("s", reg.index + 1)] * 2
-            and lo.literal is not None
-            and hi.literal is not None
         )
-        if not ok:
+        parts = [_constant(x.operands[2], x.literal) for x in (lo, hi)] if ok else [None]
+        if None in parts:
             continue
-        delta = (lo.literal | hi.literal << 32) & ((1 << 64) - 1)
+        delta = (parts[0] | parts[1] << 32) & ((1 << 64) - 1)
         target = (getpc.offset + getpc.size + delta) & ((1 << 64) - 1)
         if target >= 1 << 63:
             target -= 1 << 64

@@ -866,7 +866,7 @@ class Compiler:
         fmt = inst.fmt
         f = inst.fields
         fetch = self.vfetch(o)
-        if fmt == "VOP3P":
+        if fmt == "VOP3P" and inst.op.kind not in ("acc_read", "acc_write"):
             return self._vop3p_source(inst, k, o, fetch)
         sel = None
         if fmt == "SDWA":

@@ -94,10 +94,18 @@ def _gaussian_codes(fmt: FP8Format) -> tuple[torch.Tensor, float]:
 
 
 def _draw_codes(
-    rows: int, cols: int, groups: int, table: torch.Tensor, fmt: FP8Format, gen: torch.Generator
+    rows: int,
+    cols: int,
+    groups: int,
+    table: torch.Tensor,
+    fmt: FP8Format,
+    gen: torch.Generator,
+    every: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """uint8 ``[rows, cols]`` drawn from ``table``, with one ``+-max`` in each of a row's
-    ``groups`` equal column groups (so each group's absmax is the format's max)."""
+    ``groups`` equal column groups (so each group's absmax is the format's max). ``every``:
+    codes each row also holds, in its first columns, rotated by the row index (any the
+    ``+-max`` lands on excepted)."""
     width = cols // groups
     out = torch.empty(rows, cols, dtype=torch.uint8)
     step = max(1, _ROW_CHUNK_ELEMS // cols)
@@ -105,11 +113,19 @@ def _draw_codes(
         r1 = min(rows, r0 + step)
         idx = torch.randint(0, 256, (r1 - r0, cols), generator=gen, dtype=torch.int32)
         codes = table.index_select(0, idx.reshape(-1)).reshape(r1 - r0, groups, width)
+        if every is not None:
+            k = every.numel()
+            turn = (torch.arange(k)[None, :] + torch.arange(r0, r1)[:, None]) % k
+            codes.view(r1 - r0, cols)[:, :k] = every[turn]
         at = torch.randint(0, width, (r1 - r0, groups, 1), generator=gen)
         sign = torch.randint(0, 2, (r1 - r0, groups, 1), generator=gen, dtype=torch.uint8) << 7
         codes.scatter_(2, at, sign | fmt.max_code)
         out[r0:r1] = codes.reshape(r1 - r0, cols)
     return out
+
+
+# the 254 e4m3fn codes that are not NaN (0x7F, 0xFF): what a checkpoint's weights may hold
+MX_FINITE_CODES = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)
 
 
 @torch.no_grad()
@@ -122,7 +138,9 @@ def exact_mx_codes(
 
     Codes follow a quantized Gaussian with one ``+-448`` in each block (so the block's absmax
     fixes its exponent); each row's bytes sit around the power of two that gives an RMS of
-    about ``gain / sqrt(cols)``, each block one of three neighbouring powers.
+    about ``gain / sqrt(cols)``, each block one of three neighbouring powers. Every row also
+    holds each finite e4m3fn code (``MX_FINITE_CODES``, -0 among them), so a kernel that
+    misreads any code, as gfx942's e4m3fnuz reading of -0 as NaN would, fails the check.
     """
     if cols % block:
         raise BadInput(f"{cols} columns do not split into {block}-input blocks")
@@ -131,7 +149,8 @@ def exact_mx_codes(
     base = round(math.log2(gain / (rms * math.sqrt(cols))))
     jitter = torch.randint(-1, 2, (rows, nb), generator=gen, dtype=torch.int32)
     scales = (E8M0_BIAS + base + jitter).clamp(0, E8M0_NAN - 1).to(torch.uint8)
-    return _draw_codes(rows, cols, nb, table, f, gen), scales
+    every = MX_FINITE_CODES if cols >= 2 * MX_FINITE_CODES.numel() else None
+    return _draw_codes(rows, cols, nb, table, f, gen, every), scales
 
 
 def _exact_matrix(

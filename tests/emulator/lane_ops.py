@@ -36,6 +36,8 @@ def _fmac(ctx, a, b, c):
 
 TEST_OPS = {
     "v_mov_b32": lambda ctx, a: a.copy(),
+    "v_accvgpr_read_b32": lambda ctx, a: a.copy(),
+    "v_accvgpr_write_b32": lambda ctx, a: a.copy(),
     "v_add_u32": lambda ctx, a, b: a + b,
     "v_sub_u32": lambda ctx, a, b: a - b,
     "v_and_b32": lambda ctx, a, b: a & b,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from mono_aot.emulator.decode import decode_kernel
 from mono_aot.emulator.flow import FlowError, build, reads, writes
 from mono_aot.emulator.syncscan import scan
 from tests.emulator.elfbuild import code_object, words
@@ -295,3 +296,14 @@ def test_a_flag_publishes_its_own_barrier_interval_only(released):
     a.sopp("s_barrier").flat("global_atomic_swap", addr=8, data=4, sc1=True).sopp("s_endpgm")
     r = scan(a.kernel())
     assert [f.at for f in r.findings] == ([] if released else [a.labels["data"]])
+
+
+def test_a_long_branch_is_an_unconditional_edge_to_its_target():
+    # s_getpc_b64 s[20:21]; s_add_u32 s20, s20, 20; s_addc_u32 s21, s21, 0;
+    # s_setpc_b64 s[20:21]; s_nop 0 (skipped); s_endpgm (the target: 0x4 + 20)
+    code = words(0xBE941C00, 0x8014FF14, 20, 0x82158015, 0xBE801D14, 0xBF800000, 0xBF810000)
+    g = build(decode_kernel(code_object(code)))
+    by = {b.start: b for b in g.blocks}
+    assert sorted(by) == [0x0, 0x14, 0x18]
+    assert [g.blocks[s].start for s in by[0x0].succs] == [0x18]  # no fall-through
+    assert g.idom()[by[0x14].index] == -1  # the skipped instruction is unreachable

@@ -10,6 +10,7 @@ import itertools
 import numpy as np
 import pytest
 
+from mono_aot.emulator.decode import decode_kernel
 from mono_aot.emulator.machine import CLOCK_HZ, EmulatorError
 from mono_aot.emulator.memory import Memory, MemoryFault
 from tests.emulator.asm import EXEC, LIT, VCC, Asm, i, kernel_object, s, v
@@ -402,3 +403,34 @@ def test_progress_is_reported_every_so_many_wave_instructions():
     assert counts == sorted(counts) and counts[-1] <= stats.instructions
     assert all(b - a >= 50 for a, b in itertools.pairwise(counts)) and counts[0] >= 50
     assert all(t >= 0 for _, t in seen)
+
+
+def test_a_long_branch_jumps_to_its_static_target_and_agpr_moves_round_trip():
+    # LLVM's relaxed branch (code over 128 KB: the wide kernels with mxfp8 on gfx942) and its
+    # AGPR spill moves (workgroups whose register budget exceeds 256 VGPRs)
+    a = prologue(Asm())
+    a.sop1("s_mov_b32", 30, i(7))
+    a.sop1("s_getpc_b64", 20)  # s[20:21] = the address of the next instruction
+    a.sop2("s_add_u32", 20, s(20), LIT, lit=24)  # 6 words on: past the poisoned move
+    a.sop2("s_addc_u32", 21, s(21), LIT, lit=0)
+    a.sop1("s_setpc_b64", 0, s(20))
+    a.sop1("s_mov_b32", 30, i(1))  # skipped
+    a.sop1("s_mov_b32", 31, i(2))  # the target
+    a.vop3p("v_accvgpr_write_b32", 5, v(1), 0, 0)  # a5 = 4 * lane
+    a.vop1("v_mov_b32", 1, i(0))
+    a.vop3p("v_accvgpr_read_b32", 6, v(5), 0, 0)  # v6 = a5
+    a.glob("global_store_dword", addr=6, data=6, saddr=4, offset=256)
+    store_sgprs(a, [30, 31])
+    dk = decode_kernel(kernel_object(a))
+    jump = next(x for x in dk.instructions if x.base == "s_setpc_b64")
+    assert jump.fields["target"] == jump.offset + 8  # the move after the poisoned one
+    out, _ = run(a)
+    assert out[:8].view(np.uint32).tolist() == [7, 2]
+    assert out[256 : 256 + 256].view(np.uint32).tolist() == [4 * t for t in range(64)]
+
+
+def test_a_computed_jump_is_refused():
+    a = prologue(Asm())
+    a.sop1("s_getpc_b64", 20).sop1("s_setpc_b64", 0, s(20)).endpgm()
+    with pytest.raises(EmulatorError, match="s_setpc_b64 at 0x14 is a computed jump"):
+        run(a)

@@ -306,3 +306,45 @@ def test_forward_writes_into_a_given_out_buffer_and_checks_it(model):
         with pytest.raises(BadInput, match="out "):
             r.forward(torch.zeros(n, dtype=torch.int64), x, ctx, out=bad)
     assert len(calls) == 2 and int(r.step) == 1
+
+
+def test_mxfp8_weights_are_bound_unchanged_and_what_the_kernels_misread_is_refused():
+    from mono_aot.runtime.runner import MX_MAX_SCALE_BYTE, layer_weights
+
+    tiny = resolve_layout("emulator-tiny-tp4")  # mxfp8, 32-input blocks
+    layer = draft_model(tiny).layers[0]
+    down = layer.mlp.down_proj
+    got = layer_weights(layer, tiny, "layer 0")
+    # vLLM's own storage, no copy: the kernels read e4m3fn codes and E8M0 bytes as they are
+    assert got["d_w"].data_ptr() == down.weight.data_ptr()
+    assert got["d_s"].data_ptr() == down.weight_scale.data_ptr()
+    assert got["d_s"].dtype == torch.uint8 and tuple(got["d_s"].shape) == (2048, 32)
+
+    def refused(match, **tensors):
+        lyr = copy.copy(layer)
+        lyr.mlp = copy.copy(layer.mlp)
+        lyr.mlp.down_proj = type(down)(**{**vars(down), **tensors})
+        with pytest.raises(MonoUnsupported, match=match):
+            layer_weights(lyr, tiny, "layer 0")
+
+    refused(
+        r"layer 0: mlp\.down_proj\.weight_scale is torch\.float32 \(2048,\); the kernels read "
+        r"one E8M0 byte per 32 inputs \(2048, 32\)",
+        weight_scale=torch.ones(2048, dtype=torch.float32),
+    )
+    for nan in (0x7F, 0xFF):  # on gfx942 either would read as a finite e4m3fnuz value
+        codes = torch.zeros(2048, 1024, dtype=torch.uint8)
+        codes[5, 17] = nan
+        refused(
+            rf"layer 0: mlp\.down_proj\.weight has a NaN code \(0x{nan:02x}\) at \[5, 17\]",
+            weight=codes.view(torch.float8_e4m3fn),
+        )
+    big = torch.full((2048, 32), 127, dtype=torch.uint8)
+    big[3, 9] = MX_MAX_SCALE_BYTE + 1
+    refused(r"weight_scale has byte 247 at \[3, 9\]; the kernels serve E8M0 bytes up to 246",
+            weight_scale=big)  # fmt: skip
+    big[3, 9] = MX_MAX_SCALE_BYTE  # the largest served
+    lyr = copy.copy(layer)
+    lyr.mlp = copy.copy(layer.mlp)
+    lyr.mlp.down_proj = type(down)(weight=down.weight, weight_scale=big)
+    assert layer_weights(lyr, tiny, "layer 0")["d_s"][3, 9] == MX_MAX_SCALE_BYTE

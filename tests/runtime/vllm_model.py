@@ -18,6 +18,11 @@ def draft_model(lay: Layout, blocks: int = 64) -> NS:
     hid, hd = m.hidden, m.head_dim
 
     def proj(rows: int, cols: int) -> NS:
+        if lay.weights.format == "mxfp8":  # e4m3fn codes, E8M0 bytes (127: a scale of 1)
+            return NS(
+                weight=torch.zeros(rows, cols, dtype=torch.float8_e4m3fn),
+                weight_scale=torch.full((rows, cols // lay.weights.block), 127, dtype=torch.uint8),
+            )
         return NS(
             weight=torch.zeros(rows, cols, dtype=torch.float8_e4m3fnuz),
             weight_scale=torch.ones(rows, dtype=torch.float32),
