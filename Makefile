@@ -55,7 +55,7 @@ $(VLLM_BIN)/.installed: pyproject.toml requirements/vllm-cpu.txt
 	@touch $@
 
 test-vllm: setup setup-vllm
-	$(BIN)/mono-aot build --layout minimax-m3-dspark-tp4 --arch gfx942 --store "$(MONO_AOT_TEST_STORE)"
+	$(BIN)/mono-aot build --layout minimax-m3.1-dspark-tp4 --arch gfx942 --store "$(MONO_AOT_TEST_STORE)"
 	MONO_AOT_REQUIRE_VLLM=1 VLLM_TARGET_DEVICE=cpu $(VLLM_BIN)/python -m pytest -q tests/vllm
 
 $(OLDEST_BIN)/.installed: pyproject.toml

@@ -59,7 +59,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 
 
 SHIPPED_CASES = [(v, a) for a in ("gfx942", "gfx950") for v in ("narrow", "wide")]
-SHIPPED_LAYOUT = "minimax-m3-dspark-tp4"
+SHIPPED_LAYOUT = "minimax-m3.1-dspark-tp4"
 # The emulator's small test layout (layouts/test/): what the emulator runs in CI.
 TINY_LAYOUT = "emulator-tiny-tp4"
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from mono_aot.spec.layouts import Layout
     from mono_aot.store import Store
 
-DEFAULT_LAYOUT = "minimax-m3-dspark-tp4"
+DEFAULT_LAYOUT = "minimax-m3.1-dspark-tp4"
 # (packed name, attribute path under a draft layer, rows, cols) per fp8 projection
 PROJECTIONS: tuple[tuple[str, str], ...] = (
     ("qkv", "self_attn.qkv_proj"),

@@ -124,8 +124,8 @@ def test_an_aborting_compile_fails_its_job_and_the_others_publish(tmp_path):
         "build", "--provider", provider_spec("faulty"), "--store", str(root), "--arch", "gfx942"
     )
     assert p.returncode == 1
-    assert "failed   minimax-m3-dspark-tp4/gfx942/wide" in p.stdout
-    assert "hit      minimax-m3-dspark-tp4/gfx942/narrow" in p.stdout
+    assert "failed   minimax-m3.1-dspark-tp4/gfx942/wide" in p.stdout
+    assert "hit      minimax-m3.1-dspark-tp4/gfx942/narrow" in p.stdout
     assert "1 of 2 jobs failed" in p.stderr
 
 

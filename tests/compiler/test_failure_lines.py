@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow  # real process clusters or compiles
 
 
 def _layout(tmp_path: Path, ctas: int) -> Path:
-    text = (shipped_layout_dir() / "minimax-m3-dspark-tp4.toml").read_text()
+    text = (shipped_layout_dir() / "minimax-m3.1-dspark-tp4.toml").read_text()
     text = text.replace("ctas = 304", f"ctas = {ctas}")
     path = tmp_path / f"mi-{ctas}.toml"
     path.write_text(text)

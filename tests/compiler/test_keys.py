@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import dataclasses
 import os
 import shutil
@@ -61,7 +63,7 @@ def test_layout_file_formatting_does_not_change_the_key(tmp_path, provider):
             continue
         lines.append(f"[{section}]")
         for k, v in reversed(list(table.items())):
-            lines.append(f"{k} = {v!r}")
+            lines.append(f"{k} = {json.dumps(v)}")  # TOML's spelling of bools and strings
     reordered = "\n".join(lines) + "\n"
     for i, body in enumerate((noisy, reordered)):
         p = tmp_path / f"v{i}" / SHIPPED.name
@@ -96,7 +98,7 @@ def test_name_description_and_runner_only_fields_do_not_change_the_key(provider)
         ("model", "mlp", 8192),
         ("serving", "kv_block", 32),
         ("serving", "qpr", 4),
-        ("serving", "chunk_reqs", 16),
+        ("serving", "chunk_reqs", 9),
         ("serving", "wide_base", 2),  # wide base
         ("serving", "peer_wait_s", 2.5),  # wait ticks
         ("kernel", "threads", 256),

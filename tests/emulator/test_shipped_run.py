@@ -17,7 +17,7 @@ from mono_aot.spec import abi
 from tests.emulator.conftest import stored_kernels
 from tests.emulator.lane_ops import TEST_OPS
 
-LAYOUT = "minimax-m3-dspark-tp4"
+LAYOUT = "minimax-m3.1-dspark-tp4"
 
 
 @pytest.fixture(scope="module")

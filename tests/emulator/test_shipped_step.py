@@ -1,5 +1,5 @@
 """The shipped layout's own bytes on every CI run: the gfx942 narrow kernel of
-``minimax-m3-dspark-tp4`` (304 workgroups of 8 waves a rank, hidden 6144) runs one 1-request
+``minimax-m3.1-dspark-tp4`` (304 workgroups of 8 waves a rank, hidden 6144) runs one 1-request
 step on 4 emulated ranks through the runtime's runner, judged against the float64 reference
 (``mono_aot/selftest/emulated.py``). The emulation starts with the session
 (``tests/emulator/shipped_step.py``); this test, sorted last, waits for it."""

@@ -744,7 +744,7 @@ def _shipped_code_objects() -> dict[tuple[str, str], bytes]:
     from mono_aot.spec.layouts import resolve_layout
     from mono_aot.store.store import Store
 
-    lay = resolve_layout("minimax-m3-dspark-tp4")
+    lay = resolve_layout("minimax-m3.1-dspark-tp4")
     store = Store.at(root, writable=False)
     out, missing = {}, []
     for arch in ("gfx942", "gfx950"):

@@ -30,7 +30,7 @@ from mono_aot.spec.arch import arch_info, base_arch
 from mono_aot.spec.errors import MonoUnsupported
 from mono_aot.spec.layouts import Layout, parse_layout, resolve_layout, shipped_layout_dir
 
-LAYOUT_NAME = "minimax-m3-dspark-tp4"
+LAYOUT_NAME = "minimax-m3.1-dspark-tp4"
 ARCHS = ("gfx942", "gfx950")
 PROVIDER_MODULE = "attn_probe_provider"
 PROVIDER_SRC = """\
@@ -169,7 +169,7 @@ def _layout(**overrides) -> Layout:
     [
         ({"model__head_dim": 64}, "head_dim 64"),
         ({"model__kv_heads": 8}, "2 KV heads per rank"),
-        ({"kernel__threads": 256}, "128 query rows per request, but the 4 waves"),
+        ({"kernel__threads": 256}, "112 query rows per request, but the 4 waves"),
     ],
 )
 def test_unsupported_geometry_is_refused_with_the_reason(overrides, words):

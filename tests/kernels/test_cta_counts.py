@@ -45,7 +45,7 @@ SHIPPED_WIDE = {"gfx942": (230, 0, 86, 24064), "gfx950": (232, 0, 85, 24064)}
 
 
 def _doc(arch: str, ctas: int) -> dict:
-    doc = tomllib.loads((shipped_layout_dir() / "minimax-m3-dspark-tp4.toml").read_text())
+    doc = tomllib.loads((shipped_layout_dir() / "minimax-m3.1-dspark-tp4.toml").read_text())
     doc["targets"] = {arch: {"ctas": ctas}}
     return doc
 

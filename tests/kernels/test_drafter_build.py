@@ -20,7 +20,7 @@ from mono_aot.spec import abi
 from mono_aot.spec.arch import arch_info
 from mono_aot.spec.layouts import resolve_layout
 
-LAYOUT = "minimax-m3-dspark-tp4"
+LAYOUT = "minimax-m3.1-dspark-tp4"
 ARCHS = ("gfx942", "gfx950")
 VARIANTS = ("narrow", "wide")
 CASES = [(v, a) for a in ARCHS for v in VARIANTS]

@@ -8,7 +8,7 @@ import pytest
 from mono_aot.spec import abi
 from mono_aot.spec.layouts import resolve_layout
 
-LAY = resolve_layout("minimax-m3-dspark-tp4")
+LAY = resolve_layout("minimax-m3.1-dspark-tp4")
 
 
 def _embed_rows(hidden: int, ctas: int, stride: int, bid: int, clamp: bool) -> list[list[int]]:

@@ -30,7 +30,7 @@ from mono_aot.reference.weights import quantize_rows
 from mono_aot.spec.arch import ARCHS
 from mono_aot.spec.layouts import resolve_layout
 
-LAYOUT = "minimax-m3-dspark-tp4"
+LAYOUT = "minimax-m3.1-dspark-tp4"
 ARCH_LIST = ("gfx942", "gfx950")
 
 
@@ -57,8 +57,9 @@ def test_wide_plans_of_the_shipped_layout(layout, arch):
     }
     ctas = layout.ctas(arch)
     for name, p in plans.items():
-        assert p.ctas == ctas and p.threads == 512 and p.max_tokens == 64
-        assert p.min_tokens == 24  # wide_base 3 requests x 8 tokens
+        assert p.ctas == ctas and p.threads == 512 and p.max_tokens == 56
+        assert p.min_tokens == 21  # wide_base 3 requests x 7 tokens
+        assert (p.mx_block, p.fnuz) == (32, arch == "gfx942")  # MXFP8; gfx942 reads e4m3fnuz
         assert p.mfma_k == {"gfx942": 16, "gfx950": 32}[arch]
         # every row (pair) belongs to exactly one workgroup, runs differ by at most one row
         runs = [mfma.cta_run(p, c) for c in range(ctas)]
@@ -110,7 +111,7 @@ def test_unknown_arch_is_named(layout):
 
 def test_narrow_plans_cover_the_narrow_token_range(layout):
     p = mfma.plans_for(layout, "gfx942", "narrow")["gu"]
-    assert (p.min_tokens, p.max_tokens) == (8, 16)  # 1..2 requests of 8 tokens
+    assert (p.min_tokens, p.max_tokens) == (7, 14)  # 1..2 requests of 7 tokens
     assert (p.min_token_tiles, p.token_tiles) == (1, 1)  # a single version
 
 

@@ -34,7 +34,7 @@ import pytest
 from mono_aot.emulator import CodeObject, decode_kernel
 from mono_aot.emulator.syncscan import Report, scan
 
-LAYOUT = "minimax-m3-dspark-tp4"
+LAYOUT = "minimax-m3.1-dspark-tp4"
 CASES = [(v, a) for a in ("gfx942", "gfx950") for v in ("narrow", "wide")]
 S_NOP = 0xBF800000
 MUTANTS = Path(__file__).parent / "fixtures" / "sync_mutants"

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SHIPPED = REPO / "layouts" / "minimax-m3-dspark-tp4.toml"
+SHIPPED = REPO / "layouts" / "minimax-m3.1-dspark-tp4.toml"
 
 
 def mono_aot(

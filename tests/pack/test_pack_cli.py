@@ -23,7 +23,7 @@ from tests.cli.test_without_build_extra import run_hidden
 from tests.pack.conftest import REPO, clean_env, mono_aot, one_variant_layout
 from tests.store.helpers import make_entry
 
-SHIPPED = "minimax-m3-dspark-tp4"
+SHIPPED = "minimax-m3.1-dspark-tp4"
 
 
 def shipped_keys(arch: str = "gfx942") -> dict[str, str]:

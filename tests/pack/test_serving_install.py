@@ -51,7 +51,7 @@ LOOKUP = textwrap.dedent("""
     from mono_aot.runtime.miss import KernelMissing, find_or_build, served_store
     from mono_aot.spec.layouts import resolve_layout
 
-    layout = resolve_layout("minimax-m3-dspark-tp4")
+    layout = resolve_layout("minimax-m3.1-dspark-tp4")
     env = {**os.environ, "MONO_AOT_STRICT": "1"}
     store = served_store(env)
     out = {"digest": kernel_source_digest(), "layers": [l.label for l in store.layers], "hits": {}}
@@ -187,7 +187,7 @@ def test_a_fresh_read_only_serving_install_serves_verified_bytes_and_writes_noth
     got = json.loads(p.stdout)
     assert got["digest"] == kernel_source_digest()  # from the manifest: parsing would raise
     assert got["layers"] == ["user cache", "pack gfx942"]
-    lay = resolve_layout("minimax-m3-dspark-tp4")
+    lay = resolve_layout("minimax-m3.1-dspark-tp4")
     source = Store.at(pack_build.store, writable=False)
     for variant, hit in got["hits"].items():
         want = source.lookup(served_key(variant, lay, "gfx942"))

@@ -75,7 +75,7 @@ def test_the_pack_wheel_holds_a_verified_read_only_store_and_its_entry_point(pac
         z.extractall(root)
     store_root = root / MOD / "store"
     index = json.loads((store_root / "pack.json").read_text())
-    lay = resolve_layout("minimax-m3-dspark-tp4")
+    lay = resolve_layout("minimax-m3.1-dspark-tp4")
     want = {served_key(v, lay, "gfx942"): v for v in lay.variants()}
     assert {e["key"]: e["variant"] for e in index["entries"]} == want
     assert (index["arch"], index["mono_aot"], index["kernel_sources"]) == (
@@ -101,7 +101,7 @@ def test_the_mono_aot_wheel_carries_the_manifest_and_no_binaries(mono_aot_wheel)
         manifest = json.loads(z.read(f"mono_aot/{MANIFEST_NAME}"))
     assert manifest["sha256"] == kernel_source_digest()
     assert manifest["files"] == sorted(rel for rel, _ in parse_kernel_sources())
-    assert "mono_aot/_layouts/minimax-m3-dspark-tp4.toml" in names
+    assert "mono_aot/_layouts/minimax-m3.1-dspark-tp4.toml" in names
     # sources and data only (the C source is the stand-in HIP library `mono-aot bench` compiles)
     allowed = (".py", ".c", ".json", ".toml", "METADATA", "WHEEL", "RECORD", "entry_points.txt")
     assert [n for n in names if not n.endswith(allowed)] == []

@@ -46,7 +46,7 @@ def small_layout(**sections: dict[str, Any]) -> Layout:
 
 def shipped_one_layer() -> Layout:
     """The shipped geometry with a single layer (per-rank shapes exactly the shipped ones)."""
-    shipped = resolve_layout("minimax-m3-dspark-tp4")
+    shipped = resolve_layout("minimax-m3.1-dspark-tp4")
     doc = shipped.model_dump()
     doc["model"]["layers"] = 1
     doc["name"] = "shipped-one-layer"
@@ -57,7 +57,7 @@ def real_geometry_one_layer() -> Layout:
     """The MiniMax-M3.1 DSpark drafter's geometry as vLLM 0.34 serves it (QPR 7, KV blocks of
     128, a 4096-position window, MXFP8 weights in blocks of 32, at most 10 requests), with a
     single layer. A mapping in memory: no kernel is built for it yet (``kernel_problems``)."""
-    doc = resolve_layout("minimax-m3-dspark-tp4").model_dump()
+    doc = resolve_layout("minimax-m3.1-dspark-tp4").model_dump()
     doc["model"].update(layers=1, window=4096)
     doc["serving"].update(qpr=7, kv_block=128, max_reqs=10, chunk_reqs=8)
     doc["weights"] = {"format": "mxfp8", "block": 32}

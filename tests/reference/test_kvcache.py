@@ -40,7 +40,7 @@ def _table(gen: torch.Generator, blocks_per_req: list[int], total: int) -> torch
 
 def test_shapes():
     assert cache_shape(LAY, 5) == (5, 2, B, 2 * D)
-    assert cache_shape(shipped_one_layer(), 7) == (7, 1, 16, 256)
+    assert cache_shape(shipped_one_layer(), 7) == (7, 1, 128, 256)
     c = new_cache(LAY, 3, fill=0x7F)
     assert c.dtype == torch.uint8 and bool((c == 0x7F).all())
     with pytest.raises(BadInput, match="at least one block"):

@@ -22,7 +22,7 @@ import mono_aot
 HERE = Path(__file__).parent
 STAND_IN_SOURCE = Path(mono_aot.__file__).resolve().parent / "bench" / "stand_in_hip.c"
 ARCHS = ("gfx942", "gfx950")
-LAYOUT = "minimax-m3-dspark-tp4"
+LAYOUT = "minimax-m3.1-dspark-tp4"
 
 
 @pytest.fixture(scope="session")

@@ -26,7 +26,7 @@ def _load(rank, world, group, arg):
     logging.getLogger("mono_aot.runtime").setLevel(logging.INFO)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        fn = load_launcher("narrow", resolve_layout("minimax-m3-dspark-tp4"), TorchHipDevice())
+        fn = load_launcher("narrow", resolve_layout("minimax-m3.1-dspark-tp4"), TorchHipDevice())
     jit = [str(w.message) for w in caught if issubclass(w.category, JitBuildWarning)]
     return {"jit": jit, "log": out.getvalue(), "symbol": fn.entry.symbol}
 
@@ -46,6 +46,6 @@ def test_four_ranks_missing_a_kernel_compile_it_once(stand_in_lib, tmp_path):
     ), logs
     for _, info in res:
         (w,) = info["jit"]
-        assert "no prebuilt narrow kernel for layout minimax-m3-dspark-tp4 on gfx942" in w
-        assert "mono-aot build --layout minimax-m3-dspark-tp4 --arch gfx942 --variant narrow" in w
+        assert "no prebuilt narrow kernel for layout minimax-m3.1-dspark-tp4 on gfx942" in w
+        assert "mono-aot build --layout minimax-m3.1-dspark-tp4 --arch gfx942 --variant narrow" in w
     assert len({info["symbol"] for _, info in res}) == 1

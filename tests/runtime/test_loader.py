@@ -19,7 +19,7 @@ from mono_aot.spec.layouts import resolve_layout
 from mono_aot.store import Store
 
 pytestmark = pytest.mark.slow
-LAY = resolve_layout("minimax-m3-dspark-tp4")
+LAY = resolve_layout("minimax-m3.1-dspark-tp4")
 DEVICES = {"gfx942": ("gfx942:sramecc+:xnack-", "304"), "gfx950": ("gfx950:sramecc+:xnack-", "256")}
 
 
@@ -143,8 +143,8 @@ def test_strict_mode_raises_on_a_miss(hip_env, tmp_path, monkeypatch):
             "narrow", LAY, _device(monkeypatch, "gfx942"), store=Store.at(tmp_path / "empty")
         )
     msg = str(e.value)
-    assert key in msg and "minimax-m3-dspark-tp4" in msg and "gfx942" in msg
-    assert "mono-aot build --layout minimax-m3-dspark-tp4 --arch gfx942 --variant narrow" in msg
+    assert key in msg and "minimax-m3.1-dspark-tp4" in msg and "gfx942" in msg
+    assert "mono-aot build --layout minimax-m3.1-dspark-tp4 --arch gfx942 --variant narrow" in msg
 
 
 def test_a_miss_without_a_compiler_is_unsupported(stand_in_lib, tmp_path):
@@ -156,7 +156,7 @@ def test_a_miss_without_a_compiler_is_unsupported(stand_in_lib, tmp_path):
         "from mono_aot.spec.errors import MonoUnsupported\n"
         "from mono_aot.spec.layouts import resolve_layout\n"
         "try:\n"
-        "    load_launcher('wide', resolve_layout('minimax-m3-dspark-tp4'), TorchHipDevice())\n"
+        "    load_launcher('wide', resolve_layout('minimax-m3.1-dspark-tp4'), TorchHipDevice())\n"
         "except MonoUnsupported as e:\n"
         "    print(e)\n"
     )
@@ -169,4 +169,4 @@ def test_a_miss_without_a_compiler_is_unsupported(stand_in_lib, tmp_path):
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
     )
     assert "no compiler here to build it just in time" in p.stdout, p.stderr
-    assert "mono-aot build --layout minimax-m3-dspark-tp4 --arch gfx942 --variant wide" in p.stdout
+    assert "mono-aot build --layout minimax-m3.1-dspark-tp4 --arch gfx942 --variant wide" in p.stdout

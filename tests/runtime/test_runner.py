@@ -13,7 +13,7 @@ from mono_aot.spec.errors import MonoUnsupported
 from mono_aot.spec.layouts import resolve_layout
 from tests.runtime.vllm_model import draft_model
 
-LAY = resolve_layout("minimax-m3-dspark-tp4")
+LAY = resolve_layout("minimax-m3.1-dspark-tp4")
 
 
 @pytest.fixture(scope="module")
@@ -81,10 +81,10 @@ def _with_cache(model, layer, kv):
 @pytest.mark.parametrize(
     ("kv", "match"),
     [
-        (torch.zeros(64, 1, 32, 256, dtype=torch.uint8), r"layer 3 \(64, 1, 32, 256\)"),
-        (torch.zeros(0, 1, 16, 256, dtype=torch.uint8), r"layer 3 \(0, 1, 16, 256\)"),
-        (torch.zeros(64, 1, 16, 256, dtype=torch.bfloat16), "layer 3 torch.bfloat16"),
-        (torch.zeros(64, 1, 16, 512, dtype=torch.uint8)[..., ::2], "not contiguous"),
+        (torch.zeros(64, 1, 16, 256, dtype=torch.uint8), r"layer 3 \(64, 1, 16, 256\)"),
+        (torch.zeros(0, 1, 128, 256, dtype=torch.uint8), r"layer 3 \(0, 1, 128, 256\)"),
+        (torch.zeros(64, 1, 128, 256, dtype=torch.bfloat16), "layer 3 torch.bfloat16"),
+        (torch.zeros(64, 1, 128, 512, dtype=torch.uint8)[..., ::2], "not contiguous"),
     ],
     ids=["block", "empty", "dtype", "strided"],
 )
@@ -132,7 +132,7 @@ def _serve(rank, world, group, arg):
     from mono_aot.runtime.runner import AttentionContext
     from mono_aot.spec.errors import BadInput
 
-    lay = resolve_layout("minimax-m3-dspark-tp4")
+    lay = resolve_layout("minimax-m3.1-dspark-tp4")
     model = draft_model(lay)
     runner = DrafterRunner(model, lay, tp=TPGroup(world, rank, group))
     q = lay.serving.qpr
@@ -240,7 +240,7 @@ def test_runner_chunks_steps_into_launches_on_4_ranks(stand_in_lib, artifacts, t
 def _build_only(rank, world, group, arg):
     from mono_aot.spec.errors import MonoUnsupported
 
-    lay = resolve_layout("minimax-m3-dspark-tp4")
+    lay = resolve_layout("minimax-m3.1-dspark-tp4")
     try:
         DrafterRunner(draft_model(lay), lay, tp=TPGroup(world, rank, group)).close()
     except MonoUnsupported as e:

@@ -28,7 +28,7 @@ from mono_aot.spec.layouts import resolve_layout
 
 pytestmark = [pytest.mark.rocm, pytest.mark.slow]
 
-LAY = resolve_layout("minimax-m3-dspark-tp4")
+LAY = resolve_layout("minimax-m3.1-dspark-tp4")
 COUNTS = step_counts(LAY, chunks=3)
 
 

@@ -28,7 +28,7 @@ from mono_aot.spec import abi
 from mono_aot.spec.errors import EXIT_NO_DEVICE
 from mono_aot.spec.layouts import parse_layout, resolve_layout
 
-LAY = resolve_layout("minimax-m3-dspark-tp4")
+LAY = resolve_layout("minimax-m3.1-dspark-tp4")
 
 
 def _small():
@@ -85,20 +85,23 @@ def test_selftest_problems_cover_every_request_count(variant):
 
 
 def test_multi_launch_steps_mix_narrow_and_wide_over_several_launches():
+    # the real model's steps: at most max_reqs = 10 requests (a FULL replay pads 9 to 10)
     counts = st.multi_launch_counts(LAY)
-    assert counts == [9, 10, 11, 16, 19]
+    assert counts == [9, 10]
     assert [cases.describe_launches(LAY, c) for c in counts] == [
         "wide 8 + narrow 1",
         "wide 8 + narrow 2",
-        "wide 8 + wide 3",
-        "wide 8 + wide 8",
-        "wide 8 + wide 8 + wide 3",
     ]
-    assert cases.launches(LAY, 19) == [(0, 8, "wide"), (8, 8, "wide"), (16, 3, "wide")]
     assert all(len(cases.launches(LAY, c)) >= 2 for c in counts)
-    assert st.step_counts(LAY) == list(range(1, 25))
-    # a layout with no narrow kernel has no narrow tail
+    assert st.step_counts(LAY) == list(range(1, 11))
+    # a layout that takes more requests a step: wide tails, and several wide launches
     doc = LAY.model_dump(mode="json")
+    doc["serving"]["max_reqs"] = 24
+    more = parse_layout(doc, "more requests")
+    assert st.multi_launch_counts(more) == [9, 10, 11, 16, 19]
+    assert cases.describe_launches(more, 19) == "wide 8 + wide 8 + wide 3"
+    assert cases.launches(more, 19) == [(0, 8, "wide"), (8, 8, "wide"), (16, 3, "wide")]
+    # a layout with no narrow kernel has no narrow tail
     doc["serving"]["wide_base"] = 1
     only_wide = parse_layout(doc, "wide only")
     assert st.multi_launch_counts(only_wide) == [9, 10, 16, 17]
@@ -281,7 +284,7 @@ def test_selftest_verdicts_on_a_small_layout(tmp_path, small_model):
     answers = _answers(ref)
     res = cases.judge(SMALL, "gfx942", prob, ref, answers)
     assert res["ok"] and res["kv_bad_bytes"] == 0 and 0 < res["max_rel_error"] < st.TOLERANCE
-    assert res["launches"] == "wide 3" and res["requests"] == 3 and res["tokens"] == 24
+    assert res["launches"] == "wide 3" and res["requests"] == 3 and res["tokens"] == 21
     # a poisoned output, a stray cache byte and a recorded timeout each fail the verdict
     bad_out = [dict(a, out=torch.full_like(a["out"], float("nan"))) for a in answers]
     assert not cases.judge(SMALL, "gfx942", prob, ref, bad_out)["ok"]
@@ -423,14 +426,14 @@ def test_the_dead_rank_layout_is_its_own_kernels(tmp_path):
 
     short = short_wait_layout(LAY, st.DEAD_RANK_WAIT_S)
     assert short.serving.peer_wait_s == 0.5 and short.wait_ticks == 50_000_000
-    assert short.name == "minimax-m3-dspark-tp4-wait500ms"
+    assert short.name == "minimax-m3.1-dspark-tp4-wait500ms"
     for v in LAY.variants():
         assert served_key(v, short, "gfx942") != served_key(v, LAY, "gfx942")
     path = write_spec(short, tmp_path)
     back = load_layout(path)
     assert back.digest == short.digest and back.targets == short.targets
     assert back.model_dump() == short.model_dump()
-    assert write_spec(LAY, tmp_path / "..").name == "minimax-m3-dspark-tp4.toml"
+    assert write_spec(LAY, tmp_path / "..").name == "minimax-m3.1-dspark-tp4.toml"
 
 
 def test_a_miss_follows_the_runtimes_policy(tmp_path, monkeypatch):
@@ -440,16 +443,16 @@ def test_a_miss_follows_the_runtimes_policy(tmp_path, monkeypatch):
     short = artifacts.short_wait_layout(LAY, st.DEAD_RANK_WAIT_S)
     wanted = artifacts.needs(LAY, short)
     assert [(n.layout.name, n.variant, n.shipped) for n in wanted] == [
-        ("minimax-m3-dspark-tp4", "narrow", True),
-        ("minimax-m3-dspark-tp4", "wide", True),
-        ("minimax-m3-dspark-tp4-wait500ms", "narrow", False),
-        ("minimax-m3-dspark-tp4-wait500ms", "wide", False),
+        ("minimax-m3.1-dspark-tp4", "narrow", True),
+        ("minimax-m3.1-dspark-tp4", "wide", True),
+        ("minimax-m3.1-dspark-tp4-wait500ms", "narrow", False),
+        ("minimax-m3.1-dspark-tp4-wait500ms", "wide", False),
     ]
     with pytest.raises(Exception, match="MONO_AOT_STRICT=1 and 4 kernel") as e:
         artifacts.ensure_kernels(wanted, "gfx942", tmp_path, env=env)
     msg = str(e.value)
-    assert "mono-aot build --layout minimax-m3-dspark-tp4 --arch gfx942 --variant wide" in msg
-    assert "minimax-m3-dspark-tp4-wait500ms.toml --arch gfx942 --variant narrow" in msg
+    assert "mono-aot build --layout minimax-m3.1-dspark-tp4 --arch gfx942 --variant wide" in msg
+    assert "minimax-m3.1-dspark-tp4-wait500ms.toml --arch gfx942 --variant narrow" in msg
     assert wanted[3].key("gfx942") in msg
     monkeypatch.setattr("mono_aot.runtime.miss.compiler_available", lambda: False)
     env.pop("MONO_AOT_STRICT")
@@ -462,7 +465,7 @@ import sys
 from mono_aot import selftest as st
 from mono_aot.spec.layouts import resolve_layout
 try:
-    st.run_selftest(resolve_layout("minimax-m3-dspark-tp4"))
+    st.run_selftest(resolve_layout("minimax-m3.1-dspark-tp4"))
 except st.NoDevice as e:
     print("NoDevice", e.exit_code, e)
 print("flydsl" in sys.modules, "mono_aot.kernels" in sys.modules, "mono_aot.compiler" in sys.modules)

@@ -22,8 +22,8 @@ def run(*args: str) -> subprocess.CompletedProcess:
     ("args", "expect"),
     [
         (
-            ["--layout", "minimax-m3-dspark-tp4", "--arch", "gfx90a"],
-            "mono-aot: --arch gfx90a: layout minimax-m3-dspark-tp4 targets gfx942, gfx950",
+            ["--layout", "minimax-m3.1-dspark-tp4", "--arch", "gfx90a"],
+            "mono-aot: --arch gfx90a: layout minimax-m3.1-dspark-tp4 targets gfx942, gfx950",
         ),
         (["--check", "graph-replay"], "mono-aot: emulate: Invalid value for '--check'"),
         (
@@ -52,7 +52,7 @@ def test_the_expected_cost_of_a_launch_follows_the_layout():
     from mono_aot.spec.layouts import resolve_layout
 
     shipped = {
-        c.variant: c for c in launch_costs(resolve_layout("minimax-m3-dspark-tp4"), "gfx942")
+        c.variant: c for c in launch_costs(resolve_layout("minimax-m3.1-dspark-tp4"), "gfx942")
     }
     tiny = {c.variant: c for c in launch_costs(resolve_layout("emulator-tiny-tp4"), "gfx942")}
     assert shipped["narrow"].waves == 304 * 8

@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.rocm, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def verdicts() -> dict[str, st.CheckResult]:
-    lay = resolve_layout("minimax-m3-dspark-tp4")
+    lay = resolve_layout("minimax-m3.1-dspark-tp4")
     try:
         results = st.run_selftest(lay, st.CHECKS, seed=7, log=print)
     except st.NoDevice as e:
@@ -41,7 +41,7 @@ def test_selftest_check(verdicts, check):
 
 
 def test_variant_cases_cover_every_request_count(verdicts):
-    lay = resolve_layout("minimax-m3-dspark-tp4")
+    lay = resolve_layout("minimax-m3.1-dspark-tp4")
     for v in ("narrow", "wide"):
         got = [c["requests"] for c in verdicts[v].cases]
         assert got == st.request_counts(lay, v)
@@ -50,7 +50,7 @@ def test_variant_cases_cover_every_request_count(verdicts):
 
 
 def test_multi_launch_steps_mix_variants(verdicts):
-    lay = resolve_layout("minimax-m3-dspark-tp4")
+    lay = resolve_layout("minimax-m3.1-dspark-tp4")
     cases = verdicts["multi-launch"].cases
     assert [c["requests"] for c in cases] == st.multi_launch_counts(lay)
     assert any("narrow" in c["launches"] and "wide" in c["launches"] for c in cases)

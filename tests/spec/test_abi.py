@@ -8,7 +8,7 @@ from mono_aot.spec import abi
 from mono_aot.spec.layouts import resolve_layout
 from tests.reference.helpers import small_layout
 
-SHIPPED = resolve_layout("minimax-m3-dspark-tp4")
+SHIPPED = resolve_layout("minimax-m3.1-dspark-tp4")
 
 
 def _regions(plan: abi.BufferPlan) -> list[tuple[str, int, int]]:
@@ -16,64 +16,64 @@ def _regions(plan: abi.BufferPlan) -> list[tuple[str, int, int]]:
 
 
 def test_shipped_scratch_narrow_by_hand():
-    # narrow: 1..2 requests of 8 tokens -> 16 tokens; 5 layers -> 11 norm sums; 304 CTAs on
-    # gfx942 + 2 requests -> 306 attention partial slots of 8 x 16 = 128 query rows
-    t = 16
+    # narrow: 1..2 requests of 7 tokens -> 14 tokens; 5 layers -> 11 norm sums; 304 CTAs on
+    # gfx942 + 2 requests -> 306 attention partial slots of 7 x 16 = 112 query rows
+    t = 14
     want = [
         ("sync", 0, 2 * 4 * 128 + 128),  # two halves of 4 lines, then the launch counter
         ("ss", 1280, 2 * 11 * t * 4),  # 1152 rounded up to 256 -> 1280
-        ("x", 2816, t * 6144 * 4),  # 1280 + 1408 = 2688 -> 2816
-        ("h", 396032, t * 6144 * 2),
-        ("qkv", 592640, t * 2304 * 4),
-        ("attn", 740096, t * 2048 * 2),
-        ("act", 805632, t * 3072 * 2),
-        ("attn_part", 903936, 306 * 128 * 128 * 4),
-        ("attn_ml", 20957952, 306 * 128 * 8),
+        ("x", 2560, t * 6144 * 4),  # 1280 + 1232 = 2512 -> 2560
+        ("h", 346624, t * 6144 * 2),
+        ("qkv", 518656, t * 2304 * 4),
+        ("attn", 647680, t * 2048 * 2),
+        ("act", 705024, t * 3072 * 2),
+        ("attn_part", 791040, 306 * 112 * 128 * 4),
+        ("attn_ml", 18338304, 306 * 112 * 8),
     ]
     plan = abi.scratch_plan(SHIPPED, "narrow")
     assert _regions(plan) == want
-    assert plan.total == 21271296 == SHIPPED.scratch_bytes("narrow")
+    assert plan.total == 18612480 == SHIPPED.scratch_bytes("narrow")
 
 
 def test_shipped_scratch_wide_by_hand():
-    t = 64  # 3..8 requests of 8 tokens; 304 + 8 = 312 partial slots
+    t = 56  # 3..8 requests of 7 tokens; 304 + 8 = 312 partial slots
     want = [
         ("sync", 0, 1152),
         ("ss", 1280, 2 * 11 * t * 4),
-        ("x", 6912, t * 6144 * 4),  # 1280 + 5632
-        ("h", 1579776, t * 6144 * 2),
-        ("qkv", 2366208, t * 2304 * 4),
-        ("attn", 2956032, t * 2048 * 2),
-        ("act", 3218176, t * 3072 * 2),
-        ("attn_part", 3611392, 312 * 128 * 128 * 4),
-        ("attn_ml", 24058624, 312 * 128 * 8),
+        ("x", 6400, t * 6144 * 4),  # 1280 + 4928 = 6208 -> 6400
+        ("h", 1382656, t * 6144 * 2),
+        ("qkv", 2070784, t * 2304 * 4),
+        ("attn", 2586880, t * 2048 * 2),
+        ("act", 2816256, t * 3072 * 2),
+        ("attn_part", 3160320, 312 * 112 * 128 * 4),
+        ("attn_ml", 21051648, 312 * 112 * 8),
     ]
     plan = abi.scratch_plan(SHIPPED, "wide")
     assert _regions(plan) == want
-    assert plan.total == 24378112 == SHIPPED.scratch_bytes("wide")
+    assert plan.total == 21331200 == SHIPPED.scratch_bytes("wide")
 
 
 def test_shipped_peer_buffer_by_hand():
-    # 64 tokens (the wide launch); rows per workgroup: ceil(6144/304) = 21 (gfx942),
-    # 6144/256 = 24 (gfx950) -> 24, already a multiple of 8; a block: 64 x 24 bf16 = 3072 B
-    block = 64 * 24 * 2
+    # 56 tokens (the wide launch); rows per workgroup: ceil(6144/304) = 21 (gfx942),
+    # 6144/256 = 24 (gfx950) -> 24, already a multiple of 8; a block: 56 x 24 bf16 = 2688 B
+    block = 56 * 24 * 2
     flags = 304 * 4 * 4  # int32 [ctas][tp], ctas = the larger count
     mbox = 4 * 304 * block
     want = [
         ("hdr", 0, 256),
         ("flags_attn0", 256, flags),
         ("mbox_attn0", 5120, mbox),
-        ("flags_attn1", 3740672, flags),
-        ("mbox_attn1", 3745536, mbox),
-        ("flags_mlp0", 7481088, flags),
-        ("mbox_mlp0", 7485952, mbox),
-        ("flags_mlp1", 11221504, flags),
-        ("mbox_mlp1", 11226368, mbox),
+        ("flags_attn1", 3273728, flags),
+        ("mbox_attn1", 3278592, mbox),
+        ("flags_mlp0", 6547200, flags),
+        ("mbox_mlp0", 6552064, mbox),
+        ("flags_mlp1", 9820672, flags),
+        ("mbox_mlp1", 9825536, mbox),
     ]
     plan = abi.peer_plan(SHIPPED)
     assert _regions(plan) == want
-    assert plan.total == 14961920 == SHIPPED.peer_bytes
-    assert abi.mbox_rows(SHIPPED) == 24 and abi.mbox_tokens(SHIPPED) == 64
+    assert plan.total == 13094144 == SHIPPED.peer_bytes
+    assert abi.mbox_rows(SHIPPED) == 24 and abi.mbox_tokens(SHIPPED) == 56
 
 
 def test_small_layout_by_hand():

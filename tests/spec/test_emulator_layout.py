@@ -41,16 +41,16 @@ def _with(**changes) -> list[tuple[str, str]]:
 
 
 def test_it_loads_by_name_and_no_default_selects_it():
-    paths = layout_paths_for_tests()
-    assert [p.name for p in paths] == [f"{NAME}.toml"]
+    paths = {p.stem: p for p in layout_paths_for_tests()}
+    assert sorted(paths) == [NAME, "inferred-qpr8-fp8row-tp4"]
     lay = resolve_layout(NAME)
-    assert lay == load_layout(paths[0]) and lay.name == NAME
+    assert lay == load_layout(paths[NAME]) and lay.name == NAME
     assert NAME not in [p.stem for p in shipped_layout_paths()]
     assert NAME not in [x.name for x in shipped_layouts()]
 
 
 def test_unknown_name_lists_shipped_and_test_layouts():
-    with pytest.raises(Exception, match=f"shipped: minimax-m3-dspark-tp4; for tests: {NAME}"):
+    with pytest.raises(Exception, match=f"shipped: minimax-m3.1-dspark-tp4; for tests: {NAME}"):
         resolve_layout("nope")
 
 

@@ -23,7 +23,8 @@ from mono_aot.spec.layouts import (
     shipped_layout_paths,
 )
 
-SHIPPED = shipped_layout_dir() / "minimax-m3-dspark-tp4.toml"
+SHIPPED = shipped_layout_dir() / "minimax-m3.1-dspark-tp4.toml"
+INFERRED = shipped_layout_dir() / "test" / "inferred-qpr8-fp8row-tp4.toml"
 
 
 def shipped_doc() -> dict:
@@ -57,18 +58,21 @@ def mutate(path: str, value) -> dict:
 
 def test_every_shipped_layout_validates():
     paths = shipped_layout_paths()
-    assert [p.name for p in paths] == ["minimax-m3-dspark-tp4.toml"]
+    assert [p.name for p in paths] == ["minimax-m3.1-dspark-tp4.toml"]
     for p in paths:
         lay = load_layout(p)
         assert lay.name == p.stem
 
 
 def test_shipped_values_and_derived_constants_match_hand_computation():
-    lay = resolve_layout("minimax-m3-dspark-tp4")
+    lay = resolve_layout("minimax-m3.1-dspark-tp4")
     assert (lay.model.hidden, lay.model.heads, lay.model.kv_heads) == (6144, 64, 4)
     assert (lay.model.head_dim, lay.model.rotary_dim, lay.model.layers) == (128, 64, 5)
-    assert (lay.parallel.tp, lay.serving.qpr, lay.serving.chunk_reqs) == (4, 8, 8)
+    assert (lay.parallel.tp, lay.serving.qpr, lay.serving.chunk_reqs) == (4, 7, 8)
     assert (lay.serving.wide_base, lay.kernel.threads) == (3, 512)
+    assert (lay.serving.kv_block, lay.serving.max_reqs) == (128, 10)
+    assert (lay.model.window, lay.model.causal) == (4096, False)
+    assert (lay.weights.format, lay.weights.block) == ("mxfp8", 32)
     assert lay.targets["gfx942"].ctas == 304 and lay.targets["gfx950"].ctas == 256
     # by hand: 64 heads / 4 ranks = 16 q heads; 4 KV heads / 4 = 1
     assert lay.q_heads_per_rank == 16 and lay.kv_heads_per_rank == 1
@@ -77,10 +81,10 @@ def test_shipped_values_and_derived_constants_match_hand_computation():
     assert lay.qkv_rows_per_rank == 2304 and lay.o_cols_per_rank == 2048
     # 12288 / 4 = 3072 MLP columns per rank, gate + up = 6144 rows
     assert lay.mlp_per_rank == 3072 and lay.gu_rows_per_rank == 6144
-    # 8 requests x 8 tokens = 64; narrow serves 1..2 requests = 16 tokens
-    assert lay.launch_tokens == 64
+    # 8 requests x 7 tokens = 56; narrow serves 1..2 requests = 14 tokens
+    assert lay.launch_tokens == 56
     assert lay.variant_reqs("narrow") == (1, 2) and lay.variant_reqs("wide") == (3, 8)
-    assert lay.variant_tokens("narrow") == 16 and lay.variant_tokens("wide") == 64
+    assert lay.variant_tokens("narrow") == 14 and lay.variant_tokens("wide") == 56
     # 5.0 s x 1e8 ticks/s
     assert lay.wait_ticks == 500_000_000
     assert lay.kv_entry_bytes == 256
@@ -220,7 +224,7 @@ def test_invalid_toml_and_unreadable_file(tmp_path):
 
 
 def test_unknown_shipped_name_lists_the_shipped_ones():
-    with pytest.raises(LayoutError, match="no such shipped layout.*minimax-m3-dspark-tp4"):
+    with pytest.raises(LayoutError, match="no such shipped layout.*minimax-m3.1-dspark-tp4"):
         resolve_layout("nope")
 
 
@@ -234,7 +238,7 @@ def test_digest_is_stable_under_key_order_comments_and_formatting(tmp_path):
     lines = [line.split("#", 1)[0].rstrip() for line in text.splitlines()]
     compact = "\n".join(line.replace(" = ", "=") for line in lines if line)
     (tmp_path / "a").mkdir()
-    p = tmp_path / "a" / "minimax-m3-dspark-tp4.toml"
+    p = tmp_path / "a" / "minimax-m3.1-dspark-tp4.toml"
     p.write_text(compact)
     assert load_layout(p).digest == base
     doc = shipped_doc()
@@ -263,8 +267,8 @@ _PERTURBED = {
     "model.head_dim": 64, "model.rotary_dim": 32, "model.mlp": 8192, "model.norm_eps": 1e-5,
     "model.swiglu_alpha": 1.5, "model.swiglu_limit": 6.0, "parallel.tp": 2,
     "serving.kv_block": 32, "serving.qpr": 4, "serving.chunk_reqs": 6, "serving.wide_base": 2,
-    "serving.peer_wait_s": 2.5, "kernel.threads": 256, "model.window": 4096,
-    "model.causal": True, "weights.format": "mxfp8", "weights.block": 64,
+    "serving.peer_wait_s": 2.5, "kernel.threads": 256, "model.window": 2048,
+    "model.causal": True, "weights.format": "fp8-row", "weights.block": 64,
 }  # fmt: skip
 
 
@@ -278,9 +282,14 @@ def test_every_codegen_field_is_perturbed_by_the_test():
      ("weights.block", 32)],
 )  # fmt: skip
 def test_a_field_added_later_left_at_its_default_keeps_the_digest(tmp_path, field, value):
-    """Specs written before the window and the weight format existed keep their binaries."""
-    base = load_layout(SHIPPED).digest
-    assert load_layout(write_spec(tmp_path, mutate(field, value))).digest == base
+    """Specs written before the window and the weight format existed keep their binaries: the
+    inferred layout (written then, none of these fields) has the digest it shipped with."""
+    base = load_layout(INFERRED)
+    assert base.digest.startswith("4f916bf9e266")
+    doc = tomllib.loads(INFERRED.read_text())
+    section, key = field.split(".")
+    doc.setdefault(section, {})[key] = value
+    assert load_layout(write_spec(tmp_path, doc)).digest == base.digest
 
 
 def test_mxfp8_needs_whole_blocks_and_the_kernels_refuse_only_causal_attention(tmp_path):
@@ -398,8 +407,8 @@ def test_cli_list_show_schema_json():
     import json
 
     r = run_cli("layouts", "list", "--json")
-    assert r.returncode == 0 and json.loads(r.stdout)[0]["name"] == "minimax-m3-dspark-tp4"
-    r = run_cli("layouts", "show", "minimax-m3-dspark-tp4", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)[0]["name"] == "minimax-m3.1-dspark-tp4"
+    r = run_cli("layouts", "show", "minimax-m3.1-dspark-tp4", "--json")
     doc = json.loads(r.stdout)
     assert doc["derived"]["qkv_rows_per_rank"] == 2304 and len(doc["digest"]) == 64
     r = run_cli("layouts", "schema")
@@ -427,7 +436,7 @@ def test_cli_validate_reports_a_directory_and_an_unreadable_file_per_file(tmp_pa
 def test_cli_show_prints_the_canonical_form_whose_sha256_is_the_digest():
     import hashlib
 
-    r = run_cli("layouts", "show", "minimax-m3-dspark-tp4")
+    r = run_cli("layouts", "show", "minimax-m3.1-dspark-tp4")
     assert r.returncode == 0, r.stderr
     line = next(x for x in r.stdout.splitlines() if x.startswith("canonical"))
     canonical = line.split(": ", 1)[1]

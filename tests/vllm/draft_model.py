@@ -15,7 +15,7 @@ from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 
 from mono_aot.spec.layouts import Layout, resolve_layout
 
-LAYOUT = resolve_layout("minimax-m3-dspark-tp4")
+LAYOUT = resolve_layout("minimax-m3.1-dspark-tp4")
 
 
 class DraftAttention(AttentionLayerBase):

@@ -12,7 +12,7 @@ from mono_aot.selftest.cases import request_specs
 from mono_aot.spec.layouts import resolve_layout
 
 pytestmark = [pytest.mark.rocm, pytest.mark.slow]
-LAY = resolve_layout("minimax-m3-dspark-tp4")
+LAY = resolve_layout("minimax-m3.1-dspark-tp4")
 
 
 @pytest.mark.parametrize("requests", [2, 11])  # one narrow launch; a wide and a narrow one
