@@ -169,4 +169,6 @@ def test_a_miss_without_a_compiler_is_unsupported(stand_in_lib, tmp_path):
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
     )
     assert "no compiler here to build it just in time" in p.stdout, p.stderr
-    assert "mono-aot build --layout minimax-m3.1-dspark-tp4 --arch gfx942 --variant wide" in p.stdout
+    assert (
+        "mono-aot build --layout minimax-m3.1-dspark-tp4 --arch gfx942 --variant wide" in p.stdout
+    )
