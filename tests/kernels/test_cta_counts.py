@@ -39,9 +39,9 @@ CASES = [
     ("gfx950", 32, "wide"),
 ]  # fmt: skip
 WIDE_SAMPLE = [("gfx942", 304), ("gfx950", 256)] + [(a, c) for a, c, v in CASES if v == "wide"]
-# The shipped wide kernels' resources before the row passes (README, "What the code objects
-# say"): VGPR, AGPR, SGPR, LDS. The shipped code objects must stay at or below every one.
-SHIPPED_WIDE = {"gfx942": (230, 0, 86, 24064), "gfx950": (232, 0, 85, 24064)}
+# The shipped wide kernels' resources (README, "The real model"): VGPR, AGPR, SGPR, LDS. The
+# shipped code objects must stay at or below every one.
+SHIPPED_WIDE = {"gfx942": (250, 0, 104, 23296), "gfx950": (253, 0, 101, 23296)}
 
 
 def _doc(arch: str, ctas: int) -> dict:
@@ -116,9 +116,9 @@ def test_builds_and_passes_the_publish_rules(builds, case):
 def _spec_file(tmp_path: Path, arch: str, ctas: int) -> Path:
     doc = _doc(arch, ctas)
     lines = [f"description = {doc['description']!r}".replace("'", '"')]
-    for section in ("model", "parallel", "serving", "kernel"):
+    for section in ("model", "weights", "parallel", "serving", "kernel"):
         lines.append(f"[{section}]")
-        lines += [f"{key} = {val!r}" for key, val in doc[section].items()]
+        lines += [f"{key} = {json.dumps(val)}" for key, val in doc[section].items()]
     lines += [f"[targets.{arch}]", f"ctas = {ctas}"]
     path = tmp_path / f"{arch}-{ctas}.toml"
     path.write_text("\n".join(lines) + "\n")
