@@ -29,6 +29,14 @@ from mono_aot.emulator.decode import DecodedKernel
 
 _LABEL = re.compile(r"^([.\w$]+):$")
 _LABEL_REF = re.compile(r"\.L[\w$]+")
+# a long branch's halves of (target - after s_getpc_b64), once its labels are offsets
+_LONG_BRANCH_HALF = re.compile(r"\((0x[0-9a-f]+)-(0x[0-9a-f]+)\)(&4294967295|>>32)")
+
+
+def _long_branch_half(m: re.Match[str]) -> str:
+    """The literal the assembler wrote for ``(A-B)&4294967295`` or ``(A-B)>>32`` (64-bit)."""
+    delta = (int(m.group(1), 16) - int(m.group(2), 16)) % (1 << 64)
+    return f"0x{(delta if m.group(3).startswith('&') else delta >> 32) & 0xFFFFFFFF:x}"
 
 
 @dataclass(frozen=True)
@@ -137,6 +145,7 @@ def compare(decoded: DecodedKernel, isa: str) -> list[Mismatch]:
     for k, line in pairs:
         want = _LABEL_REF.sub(lambda m: f"0x{labels[m.group(0)]:x}" if m.group(0) in labels
                               else m.group(0), line.text)  # fmt: skip
+        want = _LONG_BRANCH_HALF.sub(_long_branch_half, want)
         got = insts[k].text()
         if want == got:
             continue

@@ -66,9 +66,9 @@ def test_rendering_equals_the_compilers_listing(request, tmp_path, layout, varia
     exact = assembled(b.isa, dk.kernel.name, arch, tmp_path)
     said = "\n".join(map(str, compare(exact, b.isa)[:20]))
     assert not compare(exact, b.isa), said
-    assert len(exact.instructions) > 9_000
+    assert len(exact.instructions) > 8_000
     insts = dk.instructions
-    assert len(insts) > 9_000  # every kernel of both layouts has more
+    assert len(insts) > 8_000  # every kernel of both layouts has more (tiny gfx950 narrow: 8,921)
     # the instructions tile the kernel's code exactly
     assert insts[0].offset == 0
     assert all(a.offset + a.size == b_.offset for a, b_ in zip(insts, insts[1:], strict=False))

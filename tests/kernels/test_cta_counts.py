@@ -135,11 +135,11 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 def test_validate_and_build_agree_across_the_sample(builds, tmp_path):
     """On spec files generated for every sampled count, and for two gfx942 counts below the
-    floor (28 and 24: the all-reduce tile outgrows 64 KiB of LDS): ``layouts validate``
+    floor (24 and 20: the all-reduce tile outgrows 64 KiB of LDS): ``layouts validate``
     accepts a file exactly when ``build`` accepts it, refusals are the same
     ``file: targets.ARCH.ctas: rule`` lines from both, and every accepted count's wide
     kernel compiled clean above with the LDS its plan says."""
-    refused = [("gfx942", 28), ("gfx942", 24)]
+    refused = [("gfx942", 24), ("gfx942", 20)]
     files = {case: _spec_file(tmp_path, *case) for case in WIDE_SAMPLE + refused}
     v = _cli("layouts", "validate", "--json", *map(str, files.values()))
     assert v.returncode == 2, v.stderr  # the two refused files
