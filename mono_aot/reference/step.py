@@ -81,10 +81,11 @@ moves a cached K/V by a whole code (~6%). So:
 - Later layers' bytes agree for the vast majority (> 95%) and within an fp8 spacing at the
   top of their range; ``force_kv`` stores the kernel's own bytes instead of the reference's,
   so attention sees the cache the kernel saw.
-- Outputs: with ``numerics="kernel"`` a correct kernel lands within ~1e-2 elementwise (about
-  3e-3 in norm, ``norm_rel_error``) after 5 layers; against ``"float64"`` the storage
-  roundings themselves add ~1e-2 elementwise (1.1-1.7% measured on 5 small layers), so a
-  2e-2 elementwise tolerance against float64 is tight and the norm-wise metric is steadier.
+- Outputs: judged against the float64 step run on the kernel's own K/V bytes (``force_kv``;
+  ``mono_aot/selftest/cases.py``, ``judge``). Free-running, two legal executions drift apart
+  through the fp8 cache: on the shipped MXFP8 geometry the kernel-numerics reference lands
+  6.8e-2 (norm-wise, ``norm_rel_error``) from the float64 one after 5 layers, but 6.7e-3 from
+  the float64 step given the same K/V bytes (2.1e-2 and 5.5e-3 on the small layout).
 """
 
 from __future__ import annotations

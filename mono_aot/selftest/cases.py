@@ -124,6 +124,26 @@ def reference(layout: Layout, arch: str, prob: Problem) -> Reference:
     return Reference(ref64, refk, caches)
 
 
+def _on_own_bytes(
+    layout: Layout, arch: str, prob: Problem, ref: Reference, answers: Sequence[dict[str, Any]]
+) -> torch.Tensor:
+    """The float64 step's output given the K/V bytes each answering rank wrote at the step's
+    written slots (see ``judge``)."""
+    from mono_aot.reference import run_tp
+
+    n = prob.inputs.x.shape[0]
+    slots = prob.inputs.slots[:n]
+    written = (slots >= 0).nonzero().flatten()
+    s = slots[written]
+    B = layout.serving.kv_block
+    forced = [r.kv.clone() for r in ref.refk.ranks]
+    for a in answers:
+        kv = forced[a["rank"]]
+        for li, cache in enumerate(a["caches"]):
+            kv[li, written] = cache[s // B, :, s % B, :]
+    return run_tp(layout, arch, prob.ranks, prob.caches(), prob.inputs, "float64", forced).out
+
+
 def judge(
     layout: Layout,
     arch: str,
@@ -138,9 +158,18 @@ def judge(
     An answer: ``rank``, ``out`` (the step's output), ``caches`` (the rank's caches after the
     step, the problem's blocks), ``health`` (the runner's health words) and optionally
     ``outside_bad`` (bytes changed in cache blocks past the problem's, which nobody may write).
-    Passes when on every rank ``||out - ref64|| / ||ref64|| <= TOLERANCE``, every cache byte
+    Passes when on every rank ``||out - own|| / ||own|| <= TOLERANCE``, every cache byte
     equals the kernel-numerics reference's (a written code may differ only near an fp8
     rounding boundary), no byte outside changed, and health is OK.
+
+    ``own`` is the float64 step run on the K/V bytes the kernels wrote (``force_kv``; a rank
+    not judged contributes the kernel-numerics reference's bytes). The step is chaotic at the
+    fp8 level: bf16 storage moves values across fp8 rounding midpoints, each such code moves
+    by ~6 %, and over 5 layers the two legal executions drift apart -- the kernel-numerics
+    reference itself lands 2.1e-2 (small layout) and 6.8e-2 (shipped geometry) from the
+    free-running float64 one, but 5e-3 and 6.7e-3 from the float64 step on its own bytes. The
+    bytes are judged on their own (``compare_caches``); the output, given those bytes. The
+    free-running distance is reported as ``float64_rel_error``, not judged.
 
     ``prior_health``: by rank, the health words an earlier launch recorded and nobody cleared
     (the runner never clears them, and the kernels keep the first failure): on such a rank
@@ -148,17 +177,21 @@ def judge(
     """
     n = prob.inputs.x.shape[0]
     slots = prob.inputs.slots[:n]
+    judged = [a for a in answers if ranks is None or a["rank"] in ranks]
+    if not judged:
+        raise ValueError("no answer to judge")
+    own = _on_own_bytes(layout, arch, prob, ref, judged)
     errs: list[float] = []
+    free: list[float] = []
     bad = tol = 0
     findings: list[dict[str, Any]] = []
     health: list[list[int]] = []
     health_ok: list[bool] = []
     kept: list[bool] = []
-    for a in answers:
+    for a in judged:
         r = a["rank"]
-        if ranks is not None and r not in ranks:
-            continue
-        errs.append(norm_rel_error(a["out"], ref.ref64.out))
+        errs.append(norm_rel_error(a["out"], own))
+        free.append(norm_rel_error(a["out"], ref.ref64.out))
         found: list[dict[str, Any]] = []
         b, t = compare_caches(
             layout, arch, a["caches"], ref.caches[r], slots, ref.refk.ranks[r].kv_prequant, found,
@@ -172,8 +205,6 @@ def judge(
         health.append(h)
         kept.append(prior is not None and prior[abi.H_STATUS] != abi.STATUS_OK and h == prior)
         health_ok.append(h[abi.H_STATUS] == abi.STATUS_OK or kept[-1])
-    if not errs:
-        raise ValueError("no answer to judge")
     ok = all(e <= TOLERANCE for e in errs) and bad == 0 and all(health_ok)
     reqs = len(prob.requests)
     return {
@@ -182,6 +213,7 @@ def judge(
         "launches": describe_launches(layout, reqs),
         "ok": ok,
         "max_rel_error": max(errs),
+        "float64_rel_error": max(free),
         "kv_bad_bytes": bad,
         "kv_near_boundary": tol,
         **({"kv_findings": findings} if findings else {}),

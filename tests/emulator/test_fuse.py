@@ -13,6 +13,7 @@ import pytest
 
 from mono_aot.emulator.machine import EmulatorError, Machine
 from mono_aot.emulator.wave import LANES
+from mono_aot.spec.layouts import resolve_layout
 from tests.emulator.asm import EXEC, LIT, Asm, i, kernel_object, v
 from tests.emulator.conftest import stored_kernels
 from tests.emulator.emu import OUT, buffer, kernargs, prologue
@@ -115,6 +116,7 @@ def test_a_load_in_flight_stops_the_block_and_the_hazard_is_named():
 
 # ------------------------------------------------------------------------------ real kernel
 LAYOUT = "emulator-tiny-tp4"
+QPR = resolve_layout(LAYOUT).serving.qpr  # one request: n = QPR (any other n fails at entry)
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +187,7 @@ def _narrow_state(entry, blob, fused: bool, limit: int) -> tuple[bytes, list]:
         pos[:256].view(np.int32)[:] = np.arange(64) % 8
         bt = m.memory.find(struct.unpack_from("<Q", args, off["bt"])[0], 4)[0].buf
         bt[:] = 0
-        struct.pack_into("<III", args, off["rank"], r, 4, 8)  # rank, bt_stride, n
+        struct.pack_into("<III", args, off["rank"], r, 4, QPR)  # rank, bt_stride, n
         m.launch(r, k, entry.launch.grid, entry.launch.block, bytes(args))
     launches = [ln for q in m.queues for ln in q]
     with pytest.raises(EmulatorError, match="instruction limit"):

@@ -128,7 +128,7 @@ def test_a_null_pointer_table_slot_is_unsupported(hip_env, model):
 
 
 def _serve(rank, world, group, arg):
-    """Build a runner on this rank and run a step of every request count up to 3 chunks."""
+    """Build a runner on this rank and run a step of every request count it serves."""
     from mono_aot.runtime.runner import AttentionContext
     from mono_aot.spec.errors import BadInput
 
@@ -137,7 +137,7 @@ def _serve(rank, world, group, arg):
     runner = DrafterRunner(model, lay, tp=TPGroup(world, rank, group))
     q = lay.serving.qpr
     steps = []
-    for reqs in range(1, 3 * lay.serving.chunk_reqs + 1):
+    for reqs in range(1, lay.serving.max_reqs + 1):
         n = reqs * q
         ctx = AttentionContext(
             block_table=torch.zeros(reqs, 8, dtype=torch.int32),
@@ -180,8 +180,8 @@ def _serve(rank, world, group, arg):
 
 @pytest.mark.slow
 def test_runner_chunks_steps_into_launches_on_4_ranks(stand_in_lib, artifacts, tmp_path):
-    """1 to 3 x chunk requests: each step is ceil(R / 8) launches, chunks of 3..8 requests take
-    the wide kernel and 1..2 the narrow one, every launch's n, x, out, bt and positions
+    """1 to max_reqs (10) requests: each step is ceil(R / 8) launches, chunks of 3..8 requests
+    take the wide kernel and 1..2 the narrow one, every launch's n, x, out, bt and positions
     advance by the chunk, and the 28 kernel arguments are those of the user's runner."""
 
     import struct
@@ -203,11 +203,12 @@ def test_runner_chunks_steps_into_launches_on_4_ranks(stand_in_lib, artifacts, t
     q, hid, c = LAY.serving.qpr, LAY.model.hidden, LAY.serving.chunk_reqs
     for rank, (_, info) in enumerate(res):
         assert info["stale"] is False and info["stale_after_rebind"] is True
-        assert info["step"] == 3 * c
+        assert info["step"] == LAY.serving.max_reqs == 10
+        assert [s["reqs"] for s in info["steps"]] == list(range(1, 11))
         assert len(info["guard"]) == 3
-        assert "9 tokens: a step carries whole requests of 8 tokens" in info["guard"][0]
-        assert "at most 256 requests" in info["guard"][1]
-        assert "a narrow launch of 24 tokens: it takes a multiple of 8 up to 16" in info["guard"][2]
+        assert "8 tokens: a step carries whole requests of 7 tokens" in info["guard"][0]
+        assert "77 tokens" in info["guard"][1] and "at most 10 requests" in info["guard"][1]
+        assert "a narrow launch of 21 tokens: it takes a multiple of 7 up to 14" in info["guard"][2]
         launches = Calls(logs[rank]).of("hipModuleLaunchKernel")
         assert len(launches) == sum(-(-s["reqs"] // c) for s in info["steps"])
         it = iter(launches)
@@ -230,9 +231,7 @@ def test_runner_chunks_steps_into_launches_on_4_ranks(stand_in_lib, artifacts, t
                 assert args["peer_local"] == info["pe"][rank]
                 r0 += k
             assert r0 == s["reqs"]
-        assert [len(s["chunks"]) for s in info["steps"]] == [
-            -(-r // c) for r in range(1, 3 * c + 1)
-        ]
+        assert [len(s["chunks"]) for s in info["steps"]] == [1] * 8 + [2, 2]
         for row in info["tab"]:
             assert all(row[slot] != 0 for slot in (0, 1, 2, 3, 4, 5, 6)) and row[7] == 64
 
