@@ -69,6 +69,14 @@ Rounding (``numerics``):
   Register-level roundings inside a phase (the attention phases' bf16 MFMA operands for q and
   the probabilities) are not modelled: they are the kernel's business and change the bf16
   attention output by about one bf16 ulp.
+- ``"stock"``: a model of vLLM 0.34's own layers for this model (``MiniMaxM3DSparkModel`` in
+  ``vllm/models/minimax_m3/common/dspark.py``): every activation is stored in the model's
+  bf16 (residual, norm outputs, ``qkv``, q and k after norm + RoPE, attention and SwiGLU
+  outputs, partials, ``out``), and each projection's input is quantised to MXFP8 first
+  (``mx_quantize``), as its linear layers' dynamic MXFP8 input quantisation does. The K/V
+  bytes follow the same rule as above. It is not judged against; ``judge`` in
+  ``mono_aot/selftest/cases.py`` reports how far it and the kernels land from the float64
+  step, so the README can say how the kernels' bf16 activations compare with the stock path.
 
 What a kernel can be held to. The step is chaotic at the storage level: one bf16 flip of an
 attention output moves that token's residual by ~1e-4, and a value on an fp8 rounding midpoint
@@ -111,8 +119,8 @@ from mono_aot.reference.weights import RankWeights, check_rank_weights, dequanti
 from mono_aot.spec.errors import BadInput
 from mono_aot.spec.layouts import Layout
 
-Numerics = Literal["float64", "kernel"]
-NUMERICS: tuple[str, ...] = ("float64", "kernel")
+Numerics = Literal["float64", "kernel", "stock"]
+NUMERICS: tuple[str, ...] = ("float64", "kernel", "stock")
 PHASES: tuple[str, ...] = ("attn", "mlp")  # the two all-reduces of a layer, in order
 
 
@@ -167,26 +175,79 @@ class TPResult:
 
 
 class _Store:
-    """Rounding to a storage dtype, or none (float64 mode)."""
+    """Rounding to a storage dtype, or none (float64 mode); the stock mode's MXFP8 activations."""
 
     def __init__(self, numerics: str) -> None:
         if numerics not in NUMERICS:
             raise BadInput(f"numerics {numerics!r}: expected one of {', '.join(NUMERICS)}")
         self.kernel = numerics == "kernel"
+        self.stock = numerics == "stock"
 
     def f32(self, t: torch.Tensor) -> torch.Tensor:
+        """A value the kernels keep in fp32 (vLLM's stock path: in the model's bf16)."""
+        if self.stock:
+            return self.bf16(t)
         return t.to(torch.float32).to(torch.float64) if self.kernel else t
 
     def bf16(self, t: torch.Tensor) -> torch.Tensor:
         """fp32 then bf16, as the kernels convert their fp32 registers."""
-        if not self.kernel:
+        if not (self.kernel or self.stock):
             return t
         return t.to(torch.float32).to(torch.bfloat16).to(torch.float64)
 
-    def gemv_input(self, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(x * (1 + w) as stored, rsqrt(mean(x^2) + eps) factor's argument)`` (see doc)."""
+    def projection_input(self, t: torch.Tensor, mx_block: int) -> torch.Tensor:
+        """What a projection reads of its (already stored) input: the stock path quantises it
+        to MXFP8 first (``mx_quantize``); the kernels read it as it is."""
+        return mx_quantize(t, mx_block) if self.stock and mx_block else t
+
+    def normed_gemv(
+        self,
+        x: torch.Tensor,
+        w: torch.Tensor,
+        eps: float,
+        codes: torch.Tensor,
+        scales: torch.Tensor,
+        layout: Layout,
+        fmt: FP8Format,
+    ) -> torch.Tensor:
+        """``gemma_norm(x, w) @ W^T`` as stored before the product: the kernels store
+        ``bf16(fp32(x * fp32(1 + w)))``, *not yet normalised*, and multiply the product by
+        ``rsqrt(mean(x^2) + eps)`` of the fp32 ``x`` (float64 here); the stock path stores the
+        normed value in bf16 and quantises it (``projection_input``)."""
+        if self.stock:
+            h = self.projection_input(self.bf16(gemma_norm(x, w, eps)), mx_block(layout))
+            return _gemv(h, codes, scales, layout, fmt)
         one_w = self.f32(1.0 + w.to(torch.float64))
-        return self.bf16(self.f32(x * one_w)), x.square().mean(dim=-1, keepdim=True)
+        hp = self.bf16(self.f32(x * one_w))
+        ms = x.square().mean(dim=-1, keepdim=True)
+        return _gemv(hp, codes, scales, layout, fmt) * torch.rsqrt(ms + eps)
+
+
+def mx_block(layout: Layout) -> int:
+    """Inputs per MXFP8 scale, 0 for fp8-row weights (whose stock activations are not
+    modelled: no checkpoint has them)."""
+    return layout.weights.block if layout.weights.format == "mxfp8" else 0
+
+
+def mx_quantize(t: torch.Tensor, block: int) -> torch.Tensor:
+    """MXFP8 activation quantisation as vLLM's stock linear layers do it, returned as the
+    values it decodes to (float64): per ``block`` inputs one power-of-two scale
+    ``2^(ceil(log2(amax / 448)))`` (biased exponent clamped to 0..254), the values divided by
+    it and rounded to e4m3fn (``_mxfp8_e4m3_quantize_torch`` in
+    ``vllm/model_executor/layers/quantization/utils/mxfp8_utils.py``; fp32 arithmetic there,
+    as here)."""
+    from mono_aot.reference.fp8 import E4M3FN
+
+    n, k = t.shape
+    if k % block:
+        raise BadInput(f"mx_quantize: {k} inputs are not whole blocks of {block}")
+    x = t.to(torch.float32).reshape(n, k // block, block)
+    amax = x.abs().amax(dim=-1).clamp(min=torch.finfo(torch.float32).tiny)
+    biased = (torch.ceil(torch.log2(amax / E4M3FN.max)) + 127.0).clamp(0, 254)
+    descale = torch.exp2(biased - 127.0)
+    codes = encode(x / descale[..., None], E4M3FN, saturate=True)
+    vals = decode(codes, E4M3FN, torch.float64) * descale.to(torch.float64)[..., None]
+    return vals.reshape(n, k)
 
 
 def gemma_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -371,8 +432,7 @@ def rank_step(
         cache = caches[li]
         ks, vs = fp32_scale(w["k_scale"]), fp32_scale(w["v_scale"])
 
-        hp, ms = st.gemv_input(x, w["w_in"])
-        qkv = st.f32(_gemv(hp, w["qkv_w"], w["qkv_s"], layout, f) * torch.rsqrt(ms + eps))
+        qkv = st.f32(st.normed_gemv(x, w["w_in"], eps, w["qkv_w"], w["qkv_s"], layout, f))
         q = qkv[:, :qr].reshape(n, Q, D)
         k = qkv[:, qr : qr + kr].reshape(n, K, D)
         v = qkv[:, qr + kr :].reshape(n, K, D)
@@ -402,21 +462,21 @@ def rank_step(
             attn[rows] = torch.einsum("tkgj,jkd->tkgd", p, vc).reshape(qpr, Q, D)
         attn = st.bf16(attn.reshape(n, qr))
 
-        part = st.bf16(_gemv(attn, w["o_w"], w["o_s"], layout, f))
+        mx = mx_block(layout)
+        part = st.bf16(_gemv(st.projection_input(attn, mx), w["o_w"], w["o_s"], layout, f))
         partials[li, 0] = part
         total = yield (li, "attn", part)
         x = st.f32(x + total)
 
-        hp, ms = st.gemv_input(x, w["w_post"])
-        gu = st.f32(_gemv(hp, w["gu_w"], w["gu_s"], layout, f) * torch.rsqrt(ms + eps))
+        gu = st.f32(st.normed_gemv(x, w["w_post"], eps, w["gu_w"], w["gu_s"], layout, f))
         a = st.bf16(clamped_swiglu(gu[:, :mr], gu[:, mr:], m.swiglu_alpha, m.swiglu_limit))
-        part = st.bf16(_gemv(a, w["d_w"], w["d_s"], layout, f))
+        part = st.bf16(_gemv(st.projection_input(a, mx), w["d_w"], w["d_s"], layout, f))
         partials[li, 1] = part
         total = yield (li, "mlp", part)
         x = st.f32(x + total)
 
     out = gemma_norm(x, weights.final_norm, eps)
-    if st.kernel:
+    if st.kernel or st.stock:
         out = out.to(torch.float32).to(torch.bfloat16)
     return StepResult(out=out, kv=kv_all, kv_prequant=pre_all, written=written, partials=partials)
 

@@ -126,9 +126,9 @@ def reference(layout: Layout, arch: str, prob: Problem) -> Reference:
 
 def _on_own_bytes(
     layout: Layout, arch: str, prob: Problem, ref: Reference, answers: Sequence[dict[str, Any]]
-) -> torch.Tensor:
-    """The float64 step's output given the K/V bytes each answering rank wrote at the step's
-    written slots (see ``judge``)."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float64 step's and the stock-numerics model's outputs given the K/V bytes each
+    answering rank wrote at the step's written slots (see ``judge``)."""
     from mono_aot.reference import run_tp
 
     n = prob.inputs.x.shape[0]
@@ -141,7 +141,10 @@ def _on_own_bytes(
         kv = forced[a["rank"]]
         for li, cache in enumerate(a["caches"]):
             kv[li, written] = cache[s // B, :, s % B, :]
-    return run_tp(layout, arch, prob.ranks, prob.caches(), prob.inputs, "float64", forced).out
+    return tuple(
+        run_tp(layout, arch, prob.ranks, prob.caches(), prob.inputs, numerics, forced).out
+        for numerics in ("float64", "stock")
+    )
 
 
 def judge(
@@ -168,8 +171,11 @@ def judge(
     by ~6 %, and over 5 layers the two legal executions drift apart -- the kernel-numerics
     reference itself lands 2.1e-2 (small layout) and 6.8e-2 (shipped geometry) from the
     free-running float64 one, but 5e-3 and 6.7e-3 from the float64 step on its own bytes. The
-    bytes are judged on their own (``compare_caches``); the output, given those bytes. The
-    free-running distance is reported as ``float64_rel_error``, not judged.
+    bytes are judged on their own (``compare_caches``); the output, given those bytes. Reported,
+    not judged: the free-running distance (``float64_rel_error``) and, for comparison, how far
+    a model of vLLM's stock numerics (``"stock"`` in ``mono_aot/reference/step.py``: bf16
+    activations quantised to MXFP8 into every projection) lands from the same float64 step on
+    the same bytes (``stock_rel_error``).
 
     ``prior_health``: by rank, the health words an earlier launch recorded and nobody cleared
     (the runner never clears them, and the kernels keep the first failure): on such a rank
@@ -180,7 +186,7 @@ def judge(
     judged = [a for a in answers if ranks is None or a["rank"] in ranks]
     if not judged:
         raise ValueError("no answer to judge")
-    own = _on_own_bytes(layout, arch, prob, ref, judged)
+    own, stock = _on_own_bytes(layout, arch, prob, ref, judged)
     errs: list[float] = []
     free: list[float] = []
     bad = tol = 0
@@ -214,6 +220,7 @@ def judge(
         "ok": ok,
         "max_rel_error": max(errs),
         "float64_rel_error": max(free),
+        "stock_rel_error": norm_rel_error(stock, own),
         "kv_bad_bytes": bad,
         "kv_near_boundary": tol,
         **({"kv_findings": findings} if findings else {}),

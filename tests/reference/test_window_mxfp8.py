@@ -9,7 +9,7 @@ import torch
 from mono_aot.reference import RequestSpec, make_problem, max_rel_error, run_tp
 from mono_aot.reference.fp8 import e8m0_decode
 from mono_aot.reference.problem import MX_FINITE_CODES, exact_mx_codes, random_model
-from mono_aot.reference.step import key_window
+from mono_aot.reference.step import key_window, mx_quantize, norm_rel_error
 from mono_aot.reference.weights import (
     dequantize_mx,
     mx_codes_as_fnuz,
@@ -182,3 +182,42 @@ def test_mxfp8_problems_hold_every_finite_code_so_the_emulator_judges_each():
     assert len(MX_FINITE_CODES) == 254 and 0x80 in MX_FINITE_CODES.tolist()
     again = quantize_mx(dequantize_mx(codes, scales), 32)
     assert torch.equal(again[0], codes) and torch.equal(again[1], scales)
+
+
+def test_stock_activation_quantisation_is_vllms_mxfp8_rule():
+    """``mx_quantize`` against vLLM's rule written with torch's own e4m3fn dtype: a block's
+    scale is the power of two that fits its amax into +-448 (a block whose amax is exactly a
+    power of two times 448 keeps that power), an all-zero block stays zero, and tiny blocks
+    clamp the biased exponent at 0."""
+    gen = torch.Generator().manual_seed(3)
+    t = torch.randn(6, 128, generator=gen, dtype=torch.float64) * 3
+    t[1, :32] = 0.0
+    t[2, 32:64] *= 1e-40  # subnormal-sized values: the exponent clamps
+    t[3, 64:96] = t[3, 64:96] / t[3, 64:96].abs().max() * 448 * 2.0**-5  # amax on a power
+    t = t.to(torch.bfloat16).to(torch.float64)
+    x = t.to(torch.float32).view(6, 4, 32)
+    amax = x.abs().amax(-1).clamp(min=torch.finfo(torch.float32).tiny)
+    biased = (torch.ceil(torch.log2(amax / 448)) + 127).clamp(0, 254)
+    d = torch.exp2(biased - 127)
+    want = (x / d[..., None]).to(torch.float8_e4m3fn).to(torch.float64) * d[..., None].double()
+    got = mx_quantize(t, 32)
+    assert torch.equal(got, want.view(6, 128))
+    assert bool((got[1, :32] == 0).all()) and float(biased[3, 2]) == 127 - 5
+    assert float(got[3, 64:96].abs().max()) == 448 * 2.0**-5
+    with pytest.raises(BadInput, match="not whole blocks of 32"):
+        mx_quantize(t[:, :48], 32)
+
+
+def test_the_stock_model_lands_farther_from_float64_than_the_kernel_numerics():
+    """Given the same K/V bytes, the kernels' storage (bf16 activations into every projection)
+    lands within 1e-2 of the float64 step, vLLM's stock numerics (MXFP8 activations) several
+    times farther: the comparison the README states."""
+    lay = small_layout(model={"window": 17}, weights={"format": "mxfp8", "block": 32})
+    p = make_problem(lay, "gfx950", WINDOWED, seed=29)
+    kern = run_tp(lay, p.fmt, p.ranks, p.caches(), p.inputs, "kernel")
+    forced = [r.kv for r in kern.ranks]
+    exact = run_tp(lay, p.fmt, p.ranks, p.caches(), p.inputs, "float64", forced)
+    stock = run_tp(lay, p.fmt, p.ranks, p.caches(), p.inputs, "stock", forced)
+    k_err, s_err = norm_rel_error(kern.out, exact.out), norm_rel_error(stock.out, exact.out)
+    assert k_err < 1e-2 and s_err > 3 * k_err, (k_err, s_err)
+    assert stock.out.dtype == torch.bfloat16
