@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from mono_aot.cli._common import emit_json, json_option
+from mono_aot.spec.arch import arch_info
 from mono_aot.spec.errors import LayoutError
 from mono_aot.spec.layouts import (
     Layout,
@@ -13,6 +14,7 @@ from mono_aot.spec.layouts import (
     resolve_layout,
     shipped_layout_paths,
 )
+from mono_aot.spec.plans import launch_bytes
 
 
 def _summary(lay: Layout) -> dict:
@@ -38,7 +40,24 @@ def _derived(lay: Layout) -> dict:
         "variant_tokens": {v: lay.variant_tokens(v) for v in lay.variants()},
         "scratch_bytes": {v: lay.scratch_bytes(v) for v in lay.variants()},
         "peer_bytes": lay.peer_bytes,
+        "launch": _launch_model(lay),
     }
+
+
+# the contexts the performance model shows: one short request, and full launches at 4K and 32K
+# (past a window, a request reads no more)
+MODEL_STEPS = ((1, 1024), ("chunk", 4096), ("chunk", 32768))
+
+
+def _launch_model(lay: Layout) -> list[dict]:
+    """Per rank and launch: the bytes streamed and the HBM floor on each target arch."""
+    out = []
+    for reqs, ctx in MODEL_STEPS:
+        r = lay.serving.chunk_reqs if reqs == "chunk" else reqs
+        b = launch_bytes(lay, r, ctx)
+        floor = {a: round(b["total"] / arch_info(a).hbm_bytes_per_s * 1e6, 1) for a in lay.archs}
+        out.append({"requests": r, "context": ctx, **b, "hbm_floor_us": floor})
+    return out
 
 
 @click.group()
@@ -75,14 +94,22 @@ def show_cmd(name: str, as_json: bool) -> None:
         emit_json(doc)
         return
     click.echo(f"{lay.name}  digest {lay.digest}")
-    for section in ("model", "parallel", "serving", "kernel"):
+    for section in ("model", "parallel", "serving", "weights", "kernel"):
         for k, v in getattr(lay, section).model_dump().items():
             click.echo(f"  {section}.{k} = {v}")
     for a in lay.archs:
         click.echo(f"  targets.{a}.ctas = {lay.targets[a].ctas}")
     click.echo("derived:")
     for k, v in doc["derived"].items():
-        click.echo(f"  {k} = {v}")
+        if k != "launch":
+            click.echo(f"  {k} = {v}")
+    click.echo("per launch and rank (HBM bytes, and the floor at each arch's bandwidth):")
+    for row in doc["derived"]["launch"]:
+        floors = ", ".join(f"{a} {us} us" for a, us in row["hbm_floor_us"].items())
+        click.echo(
+            f"  {row['requests']} requests at context {row['context']}: weights {row['weights']:,}"
+            f" + scales {row['scales']:,} + K/V {row['kv']:,} = {row['total']:,} B; {floors}"
+        )
     click.echo(f"canonical (sha256 = digest): {lay.canonical_json()}")
 
 

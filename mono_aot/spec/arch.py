@@ -24,6 +24,7 @@ class ArchInfo:
     sgprs_per_wave: int
     max_threads_per_workgroup: int
     wavefront_size: int
+    hbm_bytes_per_s: float  # peak HBM bandwidth of products[0] (the performance model's floor)
     # VGPRs are allocated per wave in blocks of this many; on gfx90a and later the AGPRs share
     # the same 512-entry file, and the code object's .vgpr_count is already the unified total
     # (arch VGPRs aligned to 4, plus AGPRs).
@@ -49,6 +50,7 @@ ARCHS: dict[str, ArchInfo] = {
         sgprs_per_wave=102,
         max_threads_per_workgroup=1024,
         wavefront_size=64,
+        hbm_bytes_per_s=5.3e12,
     ),
     "gfx950": ArchInfo(
         name="gfx950",
@@ -63,6 +65,7 @@ ARCHS: dict[str, ArchInfo] = {
         sgprs_per_wave=102,
         max_threads_per_workgroup=1024,
         wavefront_size=64,
+        hbm_bytes_per_s=8.0e12,
     ),
 }
 

@@ -414,6 +414,37 @@ def rank_weight_bytes(layout: Layout) -> int:
     return layout.model.layers * sum(r * c for r, c, _ in _shapes(layout).values())
 
 
+def rank_scale_bytes(layout: Layout) -> int:
+    """Bytes of one rank's weight scales, every layer: one fp32 per row (fp8-row) or one E8M0
+    byte per ``weights.block`` inputs (mxfp8)."""
+    mx = layout.weights.block if layout.weights.format == "mxfp8" else 0
+    per_row = (lambda cols: cols // mx) if mx else (lambda cols: 4)
+    return layout.model.layers * sum(r * per_row(c) for r, c, _ in _shapes(layout).values())
+
+
+def kv_bytes_per_position(layout: Layout) -> int:
+    """Cache bytes attention reads per attended position, every layer (K and V of the rank's
+    KV heads)."""
+    return layout.model.layers * layout.kv_heads_per_rank * layout.kv_entry_bytes
+
+
+def attended_positions(layout: Layout, context: int) -> int:
+    """Positions one request of ``context`` cached tokens plus its QPR rows reads: all of them,
+    or with a window only the ``window - 1 + qpr`` its queries can see."""
+    seen = context + layout.serving.qpr
+    w = layout.model.window
+    return min(seen, w - 1 + layout.serving.qpr) if w else seen
+
+
+def launch_bytes(layout: Layout, requests: int, context: int) -> dict[str, int]:
+    """HBM bytes one launch of ``requests`` requests at ``context`` streams on one rank: every
+    weight and scale byte once, and each request's attended K/V (the README's performance
+    model)."""
+    kv = requests * attended_positions(layout, context) * kv_bytes_per_position(layout)
+    w, s = rank_weight_bytes(layout), rank_scale_bytes(layout)
+    return {"weights": w, "scales": s, "kv": kv, "total": w + s + kv}
+
+
 def _plan_kwargs(
     layout: Layout, arch: str, variant: Variant, gemm: str, lds_budget: int
 ) -> dict[str, int]:

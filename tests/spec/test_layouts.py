@@ -411,6 +411,20 @@ def test_cli_list_show_schema_json():
     r = run_cli("layouts", "show", "minimax-m3.1-dspark-tp4", "--json")
     doc = json.loads(r.stdout)
     assert doc["derived"]["qkv_rows_per_rank"] == 2304 and len(doc["digest"]) == 64
+    assert doc["spec"]["weights"] == {"format": "mxfp8", "block": 32}
+    # the performance model, by hand: per layer and rank 83,361,792 weight bytes and one E8M0
+    # byte per 32 inputs (2304x192 + 6144x64 + 6144x192 + 6144x96 = 2,605,056); K/V 256 B a
+    # position and layer (one KV head a rank); past the window of 4096 a request of 7 rows
+    # reads 4095 + 7 positions, so 32K of context costs what 4K does
+    one, full4k, full32k = doc["derived"]["launch"]
+    assert (one["requests"], one["context"], one["kv"]) == (1, 1024, (1024 + 7) * 5 * 256)
+    assert full4k["weights"] == 5 * 83_361_792 and full4k["scales"] == 5 * 2_605_056
+    assert full4k["kv"] == full32k["kv"] == 8 * (4095 + 7) * 5 * 256
+    assert full4k["total"] == 5 * 83_361_792 + 5 * 2_605_056 + 8 * 4102 * 1280
+    assert full4k["hbm_floor_us"] == {
+        "gfx942": round(full4k["total"] / 5.3e12 * 1e6, 1),
+        "gfx950": round(full4k["total"] / 8e12 * 1e6, 1),
+    }
     r = run_cli("layouts", "schema")
     assert "properties" in json.loads(r.stdout)
     r = run_cli("layouts", "show", "nope")
