@@ -48,30 +48,34 @@ class Norm(nn.Module):
         return x32 * rstd * (1 + self.weight.float())
 
 
-# (seed, name) -> (fp8 codes, their bf16 values): every model a test process builds with one
+# (seed, name) -> (fp8 codes, E8M0 bytes, their bf16 values): every model a test process builds with one
 # seed shares its weights (making 400 MB of random codes per model would dominate the tests)
 _WEIGHTS: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-class Fp8Linear(nn.Module):
-    """fp8 codes with one fp32 scale per output row, as the kernels read them."""
+class MxLinear(nn.Module):
+    """MXFP8 as vLLM's linear layers hold a MiniMax-M3.1 checkpoint after loading: e4m3fn codes
+    and one E8M0 byte per ``lay.weights.block`` inputs (``weight_scale``)."""
 
-    SCALE = 0.02
+    EXPONENT = 121  # E8M0 byte of 2^-6: codes below 2 make weights below 1/32
 
-    def __init__(self, rows: int, cols: int, gen: torch.Generator, key: tuple[int, str]) -> None:
+    def __init__(
+        self, rows: int, cols: int, block: int, gen: torch.Generator, key: tuple[int, str]
+    ) -> None:
         super().__init__()
         if key not in _WEIGHTS:
-            # random codes of magnitude below 2 (e4m3fnuz byte 0x80 is NaN: never drawn)
+            # random codes of magnitude below 2 (0x7F and 0xFF, the NaN codes, never drawn)
             codes = torch.randint(0, 0x40, (rows, cols), generator=gen, dtype=torch.uint8)
             codes |= torch.randint(0, 2, (rows, cols), generator=gen, dtype=torch.uint8) << 7
-            codes[codes == 0x80] = 0
-            fp8 = codes.view(torch.float8_e4m3fnuz)
-            _WEIGHTS[key] = (fp8, (fp8.float() * self.SCALE).to(torch.bfloat16))
-        fp8, self._dense = _WEIGHTS[key]
+            scales = self.EXPONENT + torch.randint(
+                0, 3, (rows, cols // block), generator=gen, dtype=torch.uint8
+            )
+            fp8 = codes.view(torch.float8_e4m3fn)
+            step = torch.exp2(scales.float() - 127).repeat_interleave(block, dim=1)
+            _WEIGHTS[key] = (fp8, scales, (fp8.float() * step).to(torch.bfloat16))
+        fp8, scales, self._dense = _WEIGHTS[key]
         self.weight = nn.Parameter(fp8, requires_grad=False)
-        self.weight_scale = nn.Parameter(
-            torch.full((rows,), self.SCALE, dtype=torch.float32), requires_grad=False
-        )
+        self.weight_scale = nn.Parameter(scales, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return (x.to(torch.bfloat16) @ self._dense.t()).float()
@@ -81,8 +85,10 @@ class SelfAttn(nn.Module):
     def __init__(self, lay: Layout, gen: torch.Generator, prefix: str, key: str, seed: int) -> None:
         super().__init__()
         hd, hid = lay.model.head_dim, lay.model.hidden
-        self.qkv_proj = Fp8Linear(lay.qkv_rows_per_rank, hid, gen, (seed, f"{key}.qkv"))
-        self.o_proj = Fp8Linear(hid, lay.o_cols_per_rank, gen, (seed, f"{key}.o"))
+        self.qkv_proj = MxLinear(
+            lay.qkv_rows_per_rank, hid, lay.weights.block, gen, (seed, f"{key}.qkv")
+        )
+        self.o_proj = MxLinear(hid, lay.o_cols_per_rank, lay.weights.block, gen, (seed, f"{key}.o"))
         self.q_norm = Norm(hd)
         self.k_norm = Norm(hd)
         self.attn = DraftAttention(f"{prefix}.attn")
@@ -97,8 +103,12 @@ class Mlp(nn.Module):
     def __init__(self, lay: Layout, gen: torch.Generator, key: str, seed: int) -> None:
         super().__init__()
         hid = lay.model.hidden
-        self.gate_up_proj = Fp8Linear(lay.gu_rows_per_rank, hid, gen, (seed, f"{key}.gu"))
-        self.down_proj = Fp8Linear(lay.model.hidden, lay.mlp_per_rank, gen, (seed, f"{key}.d"))
+        self.gate_up_proj = MxLinear(
+            lay.gu_rows_per_rank, hid, lay.weights.block, gen, (seed, f"{key}.gu")
+        )
+        self.down_proj = MxLinear(
+            lay.model.hidden, lay.mlp_per_rank, lay.weights.block, gen, (seed, f"{key}.d")
+        )
         self.half = lay.mlp_per_rank
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
