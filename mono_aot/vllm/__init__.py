@@ -3,7 +3,7 @@
 The only package that imports vLLM (lazily: importing this one does not). The entry point
 ``mono_aot = "mono_aot.vllm:register"`` in ``vllm.general_plugins`` makes vLLM call
 ``register()`` in every process it starts. Users who construct the model themselves call
-``accelerate(model)`` or decorate their class with ``@accelerated``. Followed: vLLM 0.33.0
+``accelerate(model)`` or decorate their class with ``@accelerated``. Followed: vLLM 0.34.0
 (README, "vLLM").
 """
 

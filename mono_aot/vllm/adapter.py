@@ -1,4 +1,4 @@
-"""Everything mono-aot reads from vLLM, in one place (vLLM 0.33.0; README, "vLLM").
+"""Everything mono-aot reads from vLLM, in one place (vLLM 0.34.0; README, "vLLM").
 
 The attribute paths and functions used here are the contract with vLLM; a vLLM release that moves
 one of them breaks exactly one function below, and its error names what moved.

@@ -146,7 +146,7 @@ def _scenario(name: str, cls: Any, cfg: Any, rank: int) -> list[dict]:
     elif name == "bad-step":  # built, then a step that is not whole requests
         _bind(model, cfg)
         steps.append(_forward(model, cfg, 2))
-        steps.append(_forward(model, cfg, 3, requests_tokens=7))
+        steps.append(_forward(model, cfg, 3, requests_tokens=3))
     elif name == "rank-2-fails":
         _bind(model, cfg)
         if rank == 2:

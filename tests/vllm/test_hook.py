@@ -107,10 +107,10 @@ def test_with_the_stand_in_hip_every_rank_runs_the_kernels_and_rebuilds_when_sta
     assert [x.get("builds") for x in steps] == [1, 1, 1, 2, None]
     # the runner goes with the model: its peer buffer is freed (one hipFree per rank)
     assert steps[4] == {"freed_with_model": 1}
-    # a later check failing at launch (17 tokens: not whole requests) turns every rank off
+    # a later check failing at launch (18 tokens: not whole requests) turns every rank off
     steps = _same_on_every_rank(outs, "bad-step")
     assert [x["decision"] for x in steps] == ["kernels", OFF]
-    assert steps[1]["off"].startswith("at launch: 17 tokens") and steps[1]["equal"] is True
+    assert steps[1]["off"].startswith("at launch: 18 tokens") and steps[1]["equal"] is True
     for out in outs:
         launches = [x.get("launches") for x in out["build"]]
         assert launches[1] == 1 + 2 and launches[3] == 1 + 2 + 1, launches

@@ -2,8 +2,8 @@
 
 Read from the installed vLLM's source (``vllm/models/minimax_m3/amd/mono/drafter/layout.py``,
 the constants of its in-tree drafter kernels) by parsing it, never from a copy: importing the
-module would run vLLM's model package, which needs a GPU stack. vLLM before 0.34 has no such
-model: the test says so and skips (``make test-vllm`` pins the version the hook tests run on).
+module would run vLLM's model package, which needs a GPU stack. ``make test-vllm`` pins vLLM
+0.34.0, the release that ships the model, so there a missing file fails the test.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ import ast
 import importlib.metadata
 import importlib.util
 from pathlib import Path
-
-import pytest
 
 from mono_aot.spec.layouts import resolve_layout
 
@@ -24,11 +22,10 @@ def _vllm_constants() -> dict[str, object]:
     spec = importlib.util.find_spec("vllm")
     assert spec is not None and spec.submodule_search_locations
     path = Path(next(iter(spec.submodule_search_locations))) / DRAFTER_LAYOUT
-    if not path.is_file():
-        pytest.skip(
-            f"vLLM {importlib.metadata.version('vllm')} has no {DRAFTER_LAYOUT} "
-            "(the MiniMax-M3.1 DSpark drafter ships from vLLM 0.34)"
-        )
+    assert path.is_file(), (
+        f"vLLM {importlib.metadata.version('vllm')} has no {DRAFTER_LAYOUT} "
+        "(the MiniMax-M3.1 DSpark drafter ships from vLLM 0.34.0, which make test-vllm pins)"
+    )
     out: dict[str, object] = {}
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
