@@ -1,7 +1,7 @@
 """The drafter megakernels (FlyDSL) and the kernel provider protocol of the build.
 
 Importing this package imports nothing heavy; FlyDSL is imported when a launcher is built
-(``launcher_for``, ``build_drafter``, ``build_wide``), which must happen in a process whose
+(``launcher_for``), which must happen in a process whose
 compile environment was set before FlyDSL's import (see ``mono_aot.compiler``).
 
 Provider protocol: ``KERNEL_NAMES`` (variant -> kernel function name; the code object symbol
@@ -15,7 +15,6 @@ from typing import Any
 
 from mono_aot.kernels.names import KERNEL_NAMES
 from mono_aot.spec import abi
-from mono_aot.spec.errors import BadInput
 from mono_aot.spec.layouts import Layout
 
 
@@ -49,26 +48,4 @@ def trace_args(variant: str, layout: Layout) -> tuple[int, ...]:
     return tuple(vals)
 
 
-def build_drafter(layout: Layout, arch: str, wait_ticks: int, *, gemm: str | None = None) -> Any:
-    """The narrow kernel's launcher: chunks of fewer than ``wide_base`` requests."""
-    from mono_aot.kernels.drafter import make_launcher
-
-    return make_launcher(_spec(layout, arch, "narrow", wait_ticks, gemm))
-
-
-def build_wide(
-    layout: Layout, arch: str, base: int, wait_ticks: int, *, gemm: str | None = None
-) -> Any:
-    """The wide kernel's launcher: chunks of ``base`` (the layout's ``wide_base``) up to
-    ``chunk_reqs`` requests."""
-    if base != layout.serving.wide_base:
-        raise BadInput(
-            f"build_wide(base={base}): layout {layout.name} has wide_base="
-            f"{layout.serving.wide_base}; the narrow kernel is sized by it"
-        )
-    from mono_aot.kernels.drafter import make_launcher
-
-    return make_launcher(_spec(layout, arch, "wide", wait_ticks, gemm))
-
-
-__all__ = ["KERNEL_NAMES", "build_drafter", "build_wide", "launcher_for", "trace_args"]
+__all__ = ["KERNEL_NAMES", "launcher_for", "trace_args"]

@@ -24,9 +24,7 @@ from mono_aot.spec.plans import (  # noqa: F401 (PlanError, ProjectionRows: re-e
     PlanError,
     ProjectionRows,
     table_addrs,
-    table_words,
 )
-from mono_aot.spec.util import ceil_div
 
 GLOBAL = fx.AddressSpace.Global
 SHARED = fx.AddressSpace.Shared
@@ -35,7 +33,6 @@ AGENT = "agent"  # LLVM AMDGPU sync scope of one GPU
 SYSTEM = None  # LLVM's default (system) scope: every GPU and the host
 # What the LDS table carries from the prologue to every phase (KernelCtx.publish/fresh)
 TABLE_ADDRS = table_addrs(4)
-TABLE_WORDS = table_words(4)
 
 
 def _width_bytes(dtype: Any) -> int:
@@ -124,36 +121,6 @@ def fp8x4_to_f32(word: Any) -> list[Any]:
     lo = fx.Vector(fx.rocdl.cvt_pk_f32_fp8(T.vec(2, T.f32), fx.Int32(word), False))
     hi = fx.Vector(fx.rocdl.cvt_pk_f32_fp8(T.vec(2, T.f32), fx.Int32(word), True))
     return [lo[0], lo[1], hi[0], hi[1]]
-
-
-def fp8x4_to_f32x2(word: Any) -> tuple[Any, Any]:
-    """Like ``fp8x4_to_f32`` but as two ``vector<2xf32>`` (codes 0,1 and 2,3), the operand
-    form packed fp32 math (``v_pk_fma_f32``) takes."""
-    lo = fx.Vector(fx.rocdl.cvt_pk_f32_fp8(T.vec(2, T.f32), fx.Int32(word), False))
-    hi = fx.Vector(fx.rocdl.cvt_pk_f32_fp8(T.vec(2, T.f32), fx.Int32(word), True))
-    return lo, hi
-
-
-@dataclass(frozen=True)
-class RowSplit:
-    """Output rows of one phase split across workgroups: workgroup ``c`` owns rows
-    ``[c * per, min((c + 1) * per, rows))`` (``per = ceil(rows / nwg)``; the last workgroups
-    may own fewer or none). Compile-time; ``begin``/``count`` give the runtime values."""
-
-    rows: int
-    nwg: int
-
-    @property
-    def per(self) -> int:
-        return ceil_div(self.rows, self.nwg)
-
-    def begin(self, bid: Any) -> Any:
-        return fx.Int32(bid) * self.per
-
-    def count(self, bid: Any) -> Any:
-        """Rows the workgroup owns, clamped to ``[0, per]``."""
-        left = fx.Int32(self.rows) - self.begin(bid)
-        return fx.arith.max(fx.arith.min(left, fx.Int32(self.per)), fx.Int32(0))
 
 
 @dataclass

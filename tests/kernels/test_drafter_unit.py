@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from mono_aot.kernels import KERNEL_NAMES, build_wide, trace_args
+from mono_aot.kernels import KERNEL_NAMES, trace_args
 from mono_aot.spec import abi
-from mono_aot.spec.errors import BadInput
 from mono_aot.spec.layouts import resolve_layout
 
 LAY = resolve_layout("minimax-m3.1-dspark-tp4")
@@ -25,11 +24,6 @@ def test_provider_protocol():
         named = dict(zip((a.name for a in args), vals, strict=True))
         assert named["n"] == LAY.variant_tokens(v)
         assert named["bt_stride"] >= 1
-
-
-def test_build_wide_rejects_another_base():
-    with pytest.raises(BadInput, match="wide_base=3"):
-        build_wide(LAY, "gfx942", 4, LAY.wait_ticks)
 
 
 def _disjoint(plan: abi.BufferPlan) -> None:
