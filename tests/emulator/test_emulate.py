@@ -5,10 +5,9 @@ kernels (``tests/emulator/wrong_index.py``) fails the same check.
 
 Slow: a narrow step is about 20 million wave-instructions, a wide step of 2 requests about 7
 million. CI takes a sample of the whole matrix (``make test-emulator`` runs every check on both
-archs): the narrow step on both archs, the multi-launch check's cheapest step on gfx950 (wide 5
-+ wide 2, both judged against the reference) and the dead-rank check on gfx942 (its next step
-is the wide step of 2 requests, judged too), so both variants on both archs and every check
-kind. The module starts the emulations its selected tests judge, two at a time (one per core),
+archs): the narrow step, the multi-launch check's cheapest step (wide 5 + wide 2, both judged
+against the reference) and the dead-rank check (its next step is the wide step of 2 requests,
+judged too), each on both archs: every check kind and both variants on both archs. The module starts the emulations its selected tests judge, two at a time (one per core),
 as soon as its first test runs; each test then waits for its own (``-k`` selects fewer).
 """
 
@@ -46,7 +45,9 @@ class Emulation:
 EMULATIONS = {
     # wide 5 + wide 2: the cheapest step of several launches on the small layout
     "multi-launch-gfx950": Emulation("gfx950", ("--check", "multi-launch", "--requests", "7")),
+    "multi-launch-gfx942": Emulation("gfx942", ("--check", "multi-launch", "--requests", "7")),
     "dead-rank-gfx942": Emulation("gfx942", ("--check", "dead-rank")),
+    "dead-rank-gfx950": Emulation("gfx950", ("--check", "dead-rank")),
     "narrow-gfx950": Emulation("gfx950", ("--check", "narrow")),
     "narrow-gfx942": Emulation("gfx942", ("--check", "narrow")),
     "wrong-index-gfx942": Emulation("gfx942", ("--check", "narrow"), wrong_index=True),
@@ -117,7 +118,7 @@ def test_the_narrow_step_passes_against_the_reference(emulations, emulation):
     assert 1e8 < r.doc["peak_memory_bytes"] < 2e10
 
 
-@pytest.mark.parametrize("emulation", ["multi-launch-gfx950"])
+@pytest.mark.parametrize("emulation", ["multi-launch-gfx950", "multi-launch-gfx942"])
 def test_a_step_of_several_launches_passes(emulations, emulation):
     """Two launches in one step on one stream: the second's inputs start at request 5, its
     all-reduce tags follow the first's, the caches hold both launches' rows."""
@@ -130,7 +131,7 @@ def test_a_step_of_several_launches_passes(emulations, emulation):
     assert case["health"] == ["ok"] * 4
 
 
-@pytest.mark.parametrize("emulation", ["dead-rank-gfx942"])
+@pytest.mark.parametrize("emulation", ["dead-rank-gfx942", "dead-rank-gfx950"])
 def test_a_dead_rank_is_named_within_the_wait_bound_and_the_next_step_passes(emulations, emulation):
     """Rank 3 never launches: ranks 0-2 record a peer timeout naming rank 3 in layer 0's
     attention all-reduce after the short-wait kernels' bound (the small layout's own 0.5 ms of
