@@ -44,16 +44,13 @@ def _derived(lay: Layout) -> dict:
     }
 
 
-# the contexts the performance model shows: one short request, and full launches at 4K and 32K
-# (past a window, a request reads no more)
-MODEL_STEPS = ((1, 1024), ("chunk", 4096), ("chunk", 32768))
-
-
 def _launch_model(lay: Layout) -> list[dict]:
-    """Per rank and launch: the bytes streamed and the HBM floor on each target arch."""
+    """Per rank and launch: the bytes streamed and the HBM floor on each target arch, for one
+    short request and for full launches at 4K and 32K (past a window, a request reads no
+    more)."""
+    full = lay.serving.chunk_reqs
     out = []
-    for reqs, ctx in MODEL_STEPS:
-        r = lay.serving.chunk_reqs if reqs == "chunk" else reqs
+    for r, ctx in ((1, 1024), (full, 4096), (full, 32768)):
         b = launch_bytes(lay, r, ctx)
         floor = {a: round(b["total"] / arch_info(a).hbm_bytes_per_s * 1e6, 1) for a in lay.archs}
         out.append({"requests": r, "context": ctx, **b, "hbm_floor_us": floor})

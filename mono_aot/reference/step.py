@@ -215,18 +215,12 @@ class _Store:
         ``rsqrt(mean(x^2) + eps)`` of the fp32 ``x`` (float64 here); the stock path stores the
         normed value in bf16 and quantises it (``projection_input``)."""
         if self.stock:
-            h = self.projection_input(self.bf16(gemma_norm(x, w, eps)), mx_block(layout))
+            h = self.projection_input(self.bf16(gemma_norm(x, w, eps)), layout.weights.scale_block)
             return _gemv(h, codes, scales, layout, fmt)
         one_w = self.f32(1.0 + w.to(torch.float64))
         hp = self.bf16(self.f32(x * one_w))
         ms = x.square().mean(dim=-1, keepdim=True)
         return _gemv(hp, codes, scales, layout, fmt) * torch.rsqrt(ms + eps)
-
-
-def mx_block(layout: Layout) -> int:
-    """Inputs per MXFP8 scale, 0 for fp8-row weights (whose stock activations are not
-    modelled: no checkpoint has them)."""
-    return layout.weights.block if layout.weights.format == "mxfp8" else 0
 
 
 def mx_quantize(t: torch.Tensor, block: int) -> torch.Tensor:
@@ -423,6 +417,7 @@ def rank_step(
     wslots = slots[written]
     B = layout.serving.kv_block
     scale = 1.0 / math.sqrt(D)
+    mx = layout.weights.scale_block  # the stock model's activation blocks (fp8-row: none)
 
     kv_all = torch.empty((L, n, K, 2 * D), dtype=torch.uint8)
     pre_all = torch.empty((L, n, K, 2 * D), dtype=torch.float64)
@@ -462,7 +457,6 @@ def rank_step(
             attn[rows] = torch.einsum("tkgj,jkd->tkgd", p, vc).reshape(qpr, Q, D)
         attn = st.bf16(attn.reshape(n, qr))
 
-        mx = mx_block(layout)
         part = st.bf16(_gemv(st.projection_input(attn, mx), w["o_w"], w["o_s"], layout, f))
         partials[li, 0] = part
         total = yield (li, "attn", part)

@@ -94,6 +94,11 @@ class WeightFormat(_Strict):
     )
     block: int = Field(default=32, gt=0, description="inputs sharing one mxfp8 scale")
 
+    @property
+    def scale_block(self) -> int:
+        """Inputs per E8M0 scale byte; 0 for fp8-row (one fp32 scale per row)."""
+        return self.block if self.format == "mxfp8" else 0
+
 
 class KernelShape(_Strict):
     threads: int = Field(gt=0, description="threads per workgroup")

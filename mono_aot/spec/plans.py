@@ -49,6 +49,12 @@ def _raise(plan: str, problems: list[tuple[str, str]]) -> None:
         raise PlanError(f"{plan}: " + "; ".join(r for _, r in problems), field=problems[0][0])
 
 
+def row_scale_bytes(cols: int, mx_block: int) -> int:
+    """Scale bytes of one weight row of ``cols`` inputs: one fp32 (``mx_block`` 0, fp8-row), or
+    one E8M0 byte per ``mx_block`` inputs (mxfp8)."""
+    return cols // mx_block if mx_block else 4
+
+
 class ProjectionRows:
     """How a projection plan's output rows split over workgroups (GemvPlan and GemmPlan share it).
 
@@ -71,8 +77,8 @@ class ProjectionRows:
 
     @property
     def scale_row_bytes(self) -> int:
-        """Scale bytes of one weight row: one fp32, or one E8M0 byte per ``mx_block`` inputs."""
-        return self.cols // self.mx_block if self.mx_block else 4
+        """Scale bytes of one weight row (``row_scale_bytes``)."""
+        return row_scale_bytes(self.cols, self.mx_block)
 
     @property
     def scale_layer_bytes(self) -> int:
@@ -415,11 +421,11 @@ def rank_weight_bytes(layout: Layout) -> int:
 
 
 def rank_scale_bytes(layout: Layout) -> int:
-    """Bytes of one rank's weight scales, every layer: one fp32 per row (fp8-row) or one E8M0
-    byte per ``weights.block`` inputs (mxfp8)."""
-    mx = layout.weights.block if layout.weights.format == "mxfp8" else 0
-    per_row = (lambda cols: cols // mx) if mx else (lambda cols: 4)
-    return layout.model.layers * sum(r * per_row(c) for r, c, _ in _shapes(layout).values())
+    """Bytes of one rank's weight scales, every layer."""
+    mx = layout.weights.scale_block
+    return layout.model.layers * sum(
+        r * row_scale_bytes(c, mx) for r, c, _ in _shapes(layout).values()
+    )
 
 
 def kv_bytes_per_position(layout: Layout) -> int:
@@ -453,8 +459,10 @@ def _plan_kwargs(
         "max_tokens": layout.variant_tokens(variant),
         "threads": layout.kernel.threads,
     }
-    if layout.weights.format == "mxfp8":
-        common.update(mx_block=layout.weights.block, fnuz=arch_info(arch).fp8_format == "e4m3fnuz")
+    if layout.weights.scale_block:
+        common.update(
+            mx_block=layout.weights.scale_block, fnuz=arch_info(arch).fp8_format == "e4m3fnuz"
+        )
     if gemm == "mfma":
         if arch not in MFMA_K:
             raise ValueError(

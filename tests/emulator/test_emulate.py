@@ -7,8 +7,9 @@ Slow: a narrow step is about 20 million wave-instructions, a wide step of 2 requ
 million. CI takes a sample of the whole matrix (``make test-emulator`` runs every check on both
 archs): the narrow step, the multi-launch check's cheapest step (wide 5 + wide 2, both judged
 against the reference) and the dead-rank check (its next step is the wide step of 2 requests,
-judged too), each on both archs: every check kind and both variants on both archs. The module starts the emulations its selected tests judge, two at a time (one per core),
-as soon as its first test runs; each test then waits for its own (``-k`` selects fewer).
+judged too), each on both archs: every check kind and both variants on both archs. The module
+starts the emulations its selected tests judge, two at a time (one per core), as soon as its
+first test runs; each test then waits for its own (``-k`` selects fewer).
 """
 
 from __future__ import annotations

@@ -48,9 +48,9 @@ class Norm(nn.Module):
         return x32 * rstd * (1 + self.weight.float())
 
 
-# (seed, name) -> (fp8 codes, E8M0 bytes, their bf16 values): every model a test process builds with one
-# seed shares its weights (making 400 MB of random codes per model would dominate the tests)
-_WEIGHTS: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+# (seed, name) -> (fp8 codes, E8M0 bytes, their bf16 values): every model a test process builds
+# with one seed shares its weights (400 MB of random codes per model would dominate the tests)
+_WEIGHTS: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
 
 class MxLinear(nn.Module):
