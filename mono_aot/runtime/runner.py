@@ -284,7 +284,7 @@ class DrafterRunner:
             )
         if len(model.layers) != m.layers:
             raise MonoUnsupported(f"{len(model.layers)} draft layers: the kernels run {m.layers}")
-        cos_sin = model._rope_cos_sin_cache
+        cos_sin = _attr(model, "_rope_cos_sin_cache", "the backbone (set by its weight loading)")
         if (
             cos_sin.dtype != torch.bfloat16
             or cos_sin.dim() != 2

@@ -10,16 +10,16 @@ T = TypeVar("T")
 
 
 def _backbone_of(model: Any) -> Any:
-    """The module with ``layers``, ``norm`` and ``_rope_cos_sin_cache``: the model itself, or
-    its ``.model`` (a ForCausalLM-style wrapper)."""
+    """The module with ``layers`` and ``norm``: the model itself, or its ``.model`` (a
+    ForCausalLM-style wrapper). Its ``_rope_cos_sin_cache`` is not asked for here: vLLM sets it
+    only after weight loading (``DFlashQwen3Model._build_fused_kv_buffers``), and the runner,
+    built once the caches are bound, checks it."""
     for cand in (model, getattr(model, "model", None)):
-        if cand is not None and all(
-            hasattr(cand, a) for a in ("layers", "norm", "_rope_cos_sin_cache")
-        ):
+        if cand is not None and all(hasattr(cand, a) for a in ("layers", "norm")):
             return cand
     raise TypeError(
-        f"{type(model).__name__}: neither it nor its .model has layers, norm and "
-        "_rope_cos_sin_cache (the draft backbone the kernels replace)"
+        f"{type(model).__name__}: neither it nor its .model has layers and norm "
+        "(the draft backbone the kernels replace)"
     )
 
 

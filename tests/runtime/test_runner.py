@@ -67,6 +67,13 @@ def test_rope_cache(hip_env, model, cache):
     _raises(m, "rope cache")
 
 
+def test_a_backbone_before_weight_loading_is_refused_naming_the_rope_cache(hip_env, model):
+    """vLLM sets the rope cache only after weight loading: the refusal names it."""
+    m = copy.copy(model)
+    del m._rope_cos_sin_cache
+    _raises(m, "no _rope_cos_sin_cache")
+
+
 def _with_cache(model, layer, kv):
     m = copy.copy(model)
     m.layers = list(model.layers)

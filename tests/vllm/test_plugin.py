@@ -116,3 +116,23 @@ def test_the_drafter_op_is_one_opaque_node_under_torch_compile():
     [calls] = out["graphs"]
     assert calls == ["mono_aot.drafter_step", "<built-in function add>"], calls
     assert out["value"] == 3.0
+
+
+def test_a_backbone_is_accelerated_before_weight_loading_sets_its_rope_cache():
+    """vLLM's DSpark backbone gets ``_rope_cos_sin_cache`` only after weight loading, so
+    construction must not ask for it (the runner checks it when it is built)."""
+    from torch import nn
+
+    from mono_aot.vllm import accelerate
+
+    class Backbone(nn.Module):  # what the backbone has before weight loading
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers, self.norm = nn.ModuleList(), nn.Identity()
+
+        def forward(self, positions, inputs_embeds):
+            return inputs_embeds
+
+    backbone = Backbone()
+    accelerate(backbone)
+    assert backbone.forward is backbone._mono_aot_hook
